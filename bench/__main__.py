@@ -1,0 +1,117 @@
+"""``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
+
+Sections run one after another in a fixed order (bare, ceiling, server, spin);
+each bounds its own time. Missing prerequisites stop the run with a message
+that says what to do; missed targets do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench import report
+from bench.ceiling import CeilingPoint, run_ceiling
+from bench.servers import REPO, ServerError
+from bench.suite import Point, run_bare, run_server, run_spin
+from bench.wrk import WrkError, require_wrk
+
+SECTIONS = ("bare", "ceiling", "server", "spin")
+CLIENTS = (1, 16, 64, 256)
+QUICK_CLIENTS = (1, 64)
+CEILING_BATCHES: dict[str, tuple[int, ...]] = {"mlp": (1, 8, 32, 64), "tiny": (1, 64)}
+
+
+def _sections(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {unknown or text!r}; choose from {','.join(SECTIONS)}"
+        )
+    return chosen
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 1, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--duration", type=_positive_int, default=4, help="seconds per load point (default 4)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 1 s points, clients 1 and 64 only"
+    )
+    parser.add_argument(
+        "--only", type=_sections, default=list(SECTIONS), help="comma list of " + ",".join(SECTIONS)
+    )
+    parser.add_argument("--models", type=Path, default=REPO / "build" / "models")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "bench" / "results.json")
+    parser.add_argument("--app", default="server:app", help="the ASGI app under test")
+    return parser.parse_args(argv)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Fail before any load starts, with a message that says what to do."""
+    if {"bare", "server", "spin"} & set(args.only):
+        require_wrk()
+    if {"ceiling", "server", "spin"} & set(args.only):
+        missing = [m for m in ("mlp", "tiny") if not (args.models / f"{m}.onnx").is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"no {', '.join(missing)} model in {args.models}; build them with `make models`"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    duration_s: int = 1 if args.quick else args.duration
+    clients = QUICK_CLIENTS if args.quick else CLIENTS
+    try:
+        _check(args)
+    except (WrkError, FileNotFoundError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    points: list[Point] = []
+    ceiling: list[CeilingPoint] = []
+    try:
+        if "bare" in args.only:
+            print("HTTP ceiling (bare Starlette app)", flush=True)
+            points += run_bare(clients, duration_s)
+        if "ceiling" in args.only:
+            print("model ceiling (raw ONNX Runtime, 1 intra-op thread)", flush=True)
+            ceiling += run_ceiling(args.models, CEILING_BATCHES, 0.5 if args.quick else 1.5)
+        if "server" in args.only:
+            print(f"server {args.app}: batched and unbatched", flush=True)
+            points += run_server(args.app, args.models, clients, duration_s)
+        if "spin" in args.only:
+            print(f"server {args.app}: intra-op spinning and threads", flush=True)
+            points += run_spin(args.app, args.models, duration_s)
+    except (WrkError, ServerError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    found = report.ratios(points, ceiling)
+    print()
+    print(report.render(points, ceiling, found))
+    settings: dict[str, object] = {
+        "duration_s": duration_s,
+        "clients": list(clients),
+        "sections": list(args.only),
+        "app": args.app,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    report.write_json(args.out, settings, points, ceiling, found)
+    print(f"\nresults: {args.out} ({settings['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Turn one run's points into markdown tables, target ratios, and a JSON file.
+
+Ratios are computed only from this run's numbers. A ratio whose inputs were
+not measured (``--only``) is shown as n/a; a MISS is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from bench.ceiling import CeilingPoint
+from bench.suite import Point
+
+
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    value: float | None  # None: an input was not measured in this run
+    target: float | None  # None: reported for reading, no target
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None or self.value is None:
+            return ""
+        return "PASS" if self.value >= self.target else "MISS"
+
+
+def _rps(
+    points: Sequence[Point], section: str, setup: str, model: str, clients: int
+) -> float | None:
+    for p in points:
+        if (p.section, p.setup, p.model, p.clients) == (section, setup, model, clients):
+            return p.req_per_s
+    return None
+
+
+def _items(ceiling: Sequence[CeilingPoint], model: str, batch: int) -> float | None:
+    return next((c.items_per_s for c in ceiling if (c.model, c.batch) == (model, batch)), None)
+
+
+def _divide(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def ratios(points: Sequence[Point], ceiling: Sequence[CeilingPoint]) -> list[Ratio]:
+    def server(setup: str, model: str, clients: int) -> float | None:
+        return _rps(points, "server", setup, model, clients)
+
+    return [
+        Ratio(
+            "tiny@64 batched / bare@64",
+            _divide(server("batched", "tiny", 64), _rps(points, "bare", "bare", "tiny", 64)),
+            0.90,
+        ),
+        Ratio(
+            "mlp@64 batched / mlp@64 unbatched",
+            _divide(server("batched", "mlp", 64), server("unbatched", "mlp", 64)),
+            2.0,
+        ),
+        Ratio(
+            "mlp@1 batched / mlp@1 unbatched",
+            _divide(server("batched", "mlp", 1), server("unbatched", "mlp", 1)),
+            0.90,
+        ),
+        Ratio(
+            "mlp@64 batched req/s / raw ORT mlp batch-64 items/s",
+            _divide(server("batched", "mlp", 64), _items(ceiling, "mlp", 64)),
+            None,
+        ),
+    ]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def render(points: Sequence[Point], ceiling: Sequence[CeilingPoint], found: Sequence[Ratio]) -> str:
+    parts: list[str] = []
+    if points:
+        rows = [
+            [
+                p.section,
+                p.setup,
+                p.model,
+                str(p.clients),
+                f"{p.req_per_s:,.0f}",
+                f"{p.p50_ms:.2f}",
+                f"{p.p99_ms:.2f}",
+                str(p.errors),
+            ]
+            for p in points
+        ]
+        header = ["section", "setup", "model", "clients", "req/s", "p50 ms", "p99 ms", "errors"]
+        parts.append(_table(header, rows))
+    if ceiling:
+        rows = [[c.model, str(c.batch), f"{c.items_per_s:,.0f}"] for c in ceiling]
+        parts.append(_table(["raw ORT model", "batch", "items/s"], rows))
+    rows = [
+        [
+            r.name,
+            "n/a" if r.value is None else f"{r.value:.2f}",
+            "" if r.target is None else f">= {r.target:.2f}",
+            r.verdict,
+        ]
+        for r in found
+    ]
+    parts.append(_table(["ratio", "value", "target", "verdict"], rows))
+    return "\n\n".join(parts)
+
+
+def write_json(
+    path: Path,
+    settings: dict[str, object],
+    points: Sequence[Point],
+    ceiling: Sequence[CeilingPoint],
+    found: Sequence[Ratio],
+) -> None:
+    document = {
+        "host": {
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "onnxruntime": ort.__version__,
+        },
+        "settings": settings,
+        "points": [asdict(p) for p in points],
+        "ceiling": [asdict(c) for c in ceiling],
+        "ratios": [{**asdict(r), "verdict": r.verdict or None} for r in found],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")

@@ -1,0 +1,108 @@
+"""The load sections: which server runs with which settings, and which points hit it.
+
+Each server process gets a 1 s warm-up per model (first sessions, allocator,
+connection set-up) before its measured points. Points run one after another,
+never overlapping, so the load generator and the server share two cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.payload import request_body
+from bench.servers import ModelConfig, config_toml, serve
+from bench.wrk import run_wrk
+
+WARMUP_S = 1
+WARMUP_CLIENTS = 16
+
+
+@dataclass(frozen=True)
+class Point:
+    section: str  # bare | server | spin
+    setup: str  # e.g. batched, unbatched, "spin=on threads=2"
+    model: str
+    clients: int
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    requests: int
+
+
+def _load(
+    base_url: str,
+    section: str,
+    setup: str,
+    models: Sequence[str],
+    clients: Sequence[int],
+    duration_s: int,
+) -> list[Point]:
+    for model in models:
+        run_wrk(f"{base_url}/predict/{model}", request_body(model), WARMUP_CLIENTS, WARMUP_S)
+    points: list[Point] = []
+    for model in models:
+        body = request_body(model)
+        for n in clients:
+            result = run_wrk(f"{base_url}/predict/{model}", body, n, duration_s)
+            point = Point(
+                section=section,
+                setup=setup,
+                model=model,
+                clients=n,
+                req_per_s=result.ok_per_s,
+                p50_ms=result.p50_ms,
+                p99_ms=result.p99_ms,
+                errors=result.errors,
+                requests=result.requests,
+            )
+            print(
+                f"  {section} {setup} {model} @{n}: {point.req_per_s:,.0f} req/s, "
+                f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms, errors {point.errors}",
+                flush=True,
+            )
+            points.append(point)
+    return points
+
+
+def run_bare(clients: Sequence[int], duration_s: int) -> list[Point]:
+    """The HTTP ceiling, with the ``tiny`` body: the cheapest request the server sees."""
+    with serve("bench.bare:app") as url:
+        return _load(url, "bare", "bare", ["tiny"], clients, duration_s)
+
+
+def run_server(app: str, model_dir: Path, clients: Sequence[int], duration_s: int) -> list[Point]:
+    """``tiny`` and ``mlp`` batched (max_batch_size 64) and unbatched (1): one process each."""
+    points: list[Point] = []
+    for setup, max_batch_size in (("batched", 64), ("unbatched", 1)):
+        models = [
+            ModelConfig(name, model_dir / f"{name}.onnx", max_batch_size=max_batch_size)
+            for name in ("tiny", "mlp")
+        ]
+        with serve(app, config_toml(models)) as url:
+            points += _load(url, "server", setup, ["tiny", "mlp"], clients, duration_s)
+    return points
+
+
+SPIN_CLIENTS = 64
+# (model, intra_op_threads): threads 2 only matters where one batch has work to split.
+SPIN_CASES = (("tiny", 1), ("mlp", 1), ("mlp", 2))
+
+
+def run_spin(app: str, model_dir: Path, duration_s: int) -> list[Point]:
+    """Batched, 64 clients, spinning on and off: one process per point, nothing else loaded."""
+    points: list[Point] = []
+    for model, threads in SPIN_CASES:
+        for spinning in (False, True):
+            config = ModelConfig(
+                model,
+                model_dir / f"{model}.onnx",
+                intra_op_threads=threads,
+                intra_op_spinning=spinning,
+            )
+            setup = f"spin={'on' if spinning else 'off'} threads={threads}"
+            with serve(app, config_toml([config])) as url:
+                points += _load(url, "spin", setup, [model], [SPIN_CLIENTS], duration_s)
+    return points

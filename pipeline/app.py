@@ -1,0 +1,223 @@
+"""The HTTP face of loopserve: the only module that imports Starlette.
+
+Endpoints are thin: read and bound the body, hand it to the model, serialise
+the answer with orjson. One handler maps every ``LoopserveError`` to
+``{"error": message}`` with its status; anything else is a bug, answered 500
+without internals. ``create_app`` returns a plain Starlette app whose lifespan
+owns every resource; ``lifespan_of`` lets a parent app that mounts it run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive
+
+from pipeline.clock import Clock, LoopClock
+from pipeline.errors import BadRequest, ClientGone, LoopserveError, PayloadTooLarge
+from pipeline.model import RunnerFactory
+from pipeline.runtime import OnnxRunner
+from pipeline.service import Service
+from pipeline.settings import ServerSettings, load_settings
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    runner_factory: RunnerFactory = OnnxRunner,
+    clock: Clock | None = None,
+) -> Starlette:
+    """The loopserve ASGI app; models load in its lifespan, once."""
+    service = Service(settings or load_settings(), clock or LoopClock(), runner_factory)
+    endpoints = _Endpoints(service)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/predict/{model}", endpoints.predict, methods=["POST"]),
+            Route("/health", endpoints.health, methods=["GET"]),
+            Route("/ready", endpoints.ready, methods=["GET"]),
+            Route("/models", endpoints.models, methods=["GET"]),
+            Route("/metrics", endpoints.metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={
+            LoopserveError: _loopserve_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+    )
+    app.state.service = service
+    return app
+
+
+def lifespan_of(app: Starlette) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """A lifespan for a parent app that mounts ``app``: Starlette does not run a
+    mounted app's lifespan, so the parent runs it as (or inside) its own."""
+
+    @asynccontextmanager
+    async def lifespan(_parent: Any) -> AsyncIterator[None]:
+        async with app.router.lifespan_context(app):
+            yield
+
+    return lifespan
+
+
+def _json(content: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status_code=status, headers=headers, media_type=JSON)
+
+
+class _Endpoints:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def predict(self, request: Request) -> Response:
+        model = self.service.get(request.path_params["model"])
+        arrival = model.arrival()
+        try:
+            deadline = model.deadline(_timeout_param(request))
+            body = await _read_body(request.receive, request, model.settings.max_body_bytes)
+            content_type = _content_type(request.headers.get("content-type", ""))
+            if content_type == "multipart/form-data":
+                content_type, body = await _first_file(request, body, model.settings.max_body_bytes)
+        except LoopserveError as exc:
+            arrival.done()
+            model.metrics.reject(exc.reason)
+            raise
+        except BaseException:
+            arrival.done()
+            raise
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            result = await model.predict(body, content_type, deadline, arrival, gone)
+        finally:
+            gone.cancel()
+        return _json(result)
+
+    async def health(self, _request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def ready(self, _request: Request) -> Response:
+        service = self.service
+        models = {
+            name: {"providers": list(m.providers), "instances": m.settings.instances}
+            for name, m in service.models.items()
+        }
+        return _json(
+            {"ready": service.ready, "state": service.state, "models": models},
+            status=200 if service.ready else 503,
+        )
+
+    async def models(self, _request: Request) -> Response:
+        return _json({"models": [m.describe() for m in self.service.models.values()]})
+
+    async def metrics(self, _request: Request) -> Response:
+        return Response(self.service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _timeout_param(request: Request) -> float | None:
+    raw = request.query_params.get("timeout_s")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadRequest(f"timeout_s must be a number of seconds, got {raw!r}") from None
+
+
+def _content_type(header: str) -> str:
+    return header.split(";", 1)[0].strip().lower()
+
+
+async def _read_body(receive: Receive, request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to exceed ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest(f"bad Content-Length header {declared!r}")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"the body is {declared} bytes; this model takes at most {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("the client disconnected while sending the body")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds {limit} bytes, the most this model takes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _first_file(request: Request, body: bytes, limit: int) -> tuple[str, bytes]:
+    """The first file of a multipart upload (``curl -F file=@photo.jpg``)."""
+
+    async def stream() -> AsyncGenerator[bytes, None]:
+        yield body
+
+    parser = MultiPartParser(
+        request.headers, stream(), max_files=1, max_fields=16, max_part_size=limit
+    )
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise BadRequest(f"malformed multipart upload: {exc.message}") from None
+    try:
+        for value in form.values():
+            if isinstance(value, UploadFile):
+                data = await value.read()
+                return _content_type(value.content_type or "application/octet-stream"), data
+    finally:
+        await form.close()
+    raise BadRequest("the multipart upload has no file part; send the image as a file field")
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Resolves when the client goes away (after the body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _loopserve_error(_request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, LoopserveError):  # pragma: no cover - Starlette routes by type
+        return await _internal_error(_request, exc)
+    return _json({"error": exc.message}, status=exc.status, headers=exc.headers())
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    return _json({"error": detail}, status=status)
+
+
+async def _internal_error(_request: Request, exc: Exception) -> Response:
+    log.error("unhandled error: %r; this is a bug", exc, exc_info=exc)
+    return _json({"error": "internal server error"}, status=500)

@@ -1,0 +1,78 @@
+"""The demo set in-process with real ONNX Runtime sessions: classifier uploads, raw tensors."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.app import create_app, lifespan_of
+from pipeline.settings import DEMO_CONFIG, load_settings
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(load_settings(DEMO_CONFIG))
+    async with lifespan_of(app)(None):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            yield c
+
+
+def image(fmt: str, colour: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (320, 240), colour).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+async def test_raw_and_multipart_uploads_give_the_same_top5(client: httpx.AsyncClient) -> None:
+    png = image("PNG")
+    raw = await client.post(
+        "/predict/classifier", content=png, headers={"content-type": "image/png"}
+    )
+    form = await client.post("/predict/classifier", files={"file": ("a.png", png, "image/png")})
+    assert raw.status_code == form.status_code == 200
+    assert raw.json() == form.json()
+    assert len(raw.json()["predictions"]) == 5
+
+
+async def test_multipart_without_a_file_or_malformed_is_400(client: httpx.AsyncClient) -> None:
+    no_file = await client.post("/predict/classifier", data={"field": "value"}, files={})
+    broken = await client.post(
+        "/predict/classifier",
+        content=b"--x\r\nnot a part",
+        headers={"content-type": "multipart/form-data; boundary=x"},
+    )
+    assert no_file.status_code in (400, 415)
+    assert broken.status_code == 400
+    assert "error" in broken.json()
+
+
+async def test_a_decompression_bomb_is_refused_before_decoding(client: httpx.AsyncClient) -> None:
+    buffer = io.BytesIO()
+    Image.new("L", (9000, 9000)).save(buffer, format="PNG")  # 81 Mpx, compresses to ~80 kB
+    response = await client.post(
+        "/predict/classifier", content=buffer.getvalue(), headers={"content-type": "image/png"}
+    )
+    assert response.status_code == 413
+
+
+async def test_raw_tensors_round_trip_through_the_real_models(client: httpx.AsyncClient) -> None:
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    response = await client.post("/predict/tiny", json={"inputs": {"x": x.tolist()}})
+    assert response.status_code == 200
+    assert np.asarray(response.json()["outputs"]["y"]).shape == (64,)
+    models = (await client.get("/models")).json()["models"]
+    assert [m["name"] for m in models] == ["classifier", "mlp", "tiny"]
+    assert models[0]["api"]["weights"].startswith("synthetic")
