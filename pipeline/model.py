@@ -61,19 +61,23 @@ class ServedModel:
         runner_factory: RunnerFactory = OnnxRunner,
     ) -> ServedModel:
         """Create the instances (in a thread: sessions take a while) and start batching."""
-        runners = await asyncio.to_thread(
-            lambda: [runner_factory(settings, i) for i in range(settings.instances)]
-        )
+        runners, servable = await asyncio.to_thread(cls._open, settings, runner_factory)
+        model = cls(settings, runners, servable, clock, metrics)
+        model.batcher.start()
+        return model
+
+    @staticmethod
+    def _open(
+        settings: ModelSettings, runner_factory: RunnerFactory
+    ) -> tuple[list[Runner], Servable[Any]]:
+        runners = [runner_factory(settings, i) for i in range(settings.instances)]
         signature = runners[0].signature
         if settings.max_batch_size > 1 and not signature.batchable:
             raise ValueError(
                 f"models.{settings.name}.max_batch_size: the model's first dimension is fixed, "
                 "so it cannot batch; set max_batch_size = 1 or export it with a dynamic batch"
             )
-        servable = create_servable(settings, signature)
-        model = cls(settings, runners, servable, clock, metrics)
-        model.batcher.start()
-        return model
+        return runners, create_servable(settings, signature)
 
     def arrival(self) -> Arrival:
         """Call when a request for this model starts; the batcher will wait for it."""

@@ -34,6 +34,7 @@ class ModelSettings:
     intra_op_threads: int = 1
     intra_op_spinning: bool = False
     max_body_bytes: int = 16 * 1024 * 1024
+    labels: Path | None = None  # a classifier's class names, one per line (servable option)
 
     def __post_init__(self) -> None:
         where = f"models.{self.name}"
@@ -121,9 +122,9 @@ def _model(name: str, table: Any, base: Path) -> ModelSettings:
         if f.name == "name" or f.name not in table:
             continue
         value = table[f.name]
-        if f.name == "path":
-            path = Path(_typed(where, "path", value, str))
-            kwargs["path"] = path if path.is_absolute() else (base / path)
+        if f.name in ("path", "labels"):
+            path = Path(_typed(where, f.name, value, str))
+            kwargs[f.name] = path if path.is_absolute() else (base / path)
         elif f.name == "providers":
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
                 raise SettingsError(f"{where}.providers: must be a list of strings, got {value!r}")

@@ -76,3 +76,50 @@ async def test_raw_tensors_round_trip_through_the_real_models(client: httpx.Asyn
     models = (await client.get("/models")).json()["models"]
     assert [m["name"] for m in models] == ["classifier", "mlp", "tiny"]
     assert models[0]["api"]["weights"].startswith("synthetic")
+
+
+async def test_your_own_classifier_with_your_labels(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Any ONNX classifier with a (3, 224, 224) float input serves with a config change only."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.settings import ModelSettings, ServerSettings
+
+    folder = tmp_path_factory.mktemp("own")
+    weights = np.zeros((3, 10), dtype=np.float32)
+    weights[0, 7] = 50.0  # a red image scores class 7 ("seven") highest
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "w"], ["scores"]),
+        ],
+        "own",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", 3, 224, 224])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 10])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, folder / "own.onnx")
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    (folder / "labels.txt").write_text("\n".join(names) + "\n")
+    own = ModelSettings(
+        name="own", path=folder / "own.onnx", servable="classifier", labels=folder / "labels.txt"
+    )
+    app = create_app(ServerSettings(models=(own,)))
+    async with lifespan_of(app)(None):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            response = await c.post(
+                "/predict/own",
+                content=image("PNG", (255, 0, 0)),
+                headers={"content-type": "image/png"},
+            )
+            described = (await c.get("/models")).json()["models"][0]["api"]
+    assert response.json()["predictions"][0]["label"] == "seven"
+    assert described == {
+        "kind": "image-classifier", "input": "JPEG or PNG bytes", "classes": 10, "weights": "yours"
+    }  # fmt: skip

@@ -44,6 +44,18 @@ class Classifier:
     content_types: frozenset[str] = CONTENT_TYPES
     offload: bool = True
 
+    def __init__(
+        self,
+        labels: tuple[str, ...] = LABELS,
+        input_name: str = INPUT,
+        output_name: str = OUTPUT,
+        synthetic: bool = True,
+    ) -> None:
+        self.labels = labels
+        self.input_name = input_name
+        self.output_name = output_name
+        self.synthetic = synthetic
+
     def parse(self, body: bytes, content_type: str) -> bytes:
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type not in self.content_types:
@@ -62,45 +74,67 @@ class Classifier:
         return body
 
     def preprocess(self, parsed: bytes) -> Arrays:
-        return {INPUT: to_tensor(parsed)}
+        return {self.input_name: to_tensor(parsed)}
 
     def postprocess(self, outputs: Arrays) -> dict[str, list[Prediction]]:
-        logits = np.asarray(outputs[OUTPUT], dtype=np.float64)
-        if logits.shape != (len(LABELS),):
+        logits = np.asarray(outputs[self.output_name], dtype=np.float64)
+        if logits.shape != (len(self.labels),):
             raise ModelError(
-                f"classifier: logits of shape {logits.shape}, expected ({len(LABELS)},); "
+                f"classifier: logits of shape {logits.shape}, expected ({len(self.labels)},); "
                 "this is a bug"
             )
         # Softmax without overflow: shifting by the maximum leaves it unchanged.
         exp = np.exp(logits - logits.max())
         scores = exp / exp.sum()
         top = np.argsort(-scores, kind="stable")[:TOP_K]
-        return {"predictions": [Prediction(label=LABELS[i], score=float(scores[i])) for i in top]}
+        labels = self.labels
+        return {"predictions": [Prediction(label=labels[i], score=float(scores[i])) for i in top]}
 
     def describe(self) -> dict[str, object]:
         return {
             "kind": "image-classifier",
             "input": "JPEG or PNG bytes",
-            "classes": len(LABELS),
-            "weights": "synthetic (seeded), not trained",
+            "classes": len(self.labels),
+            "weights": "synthetic (seeded), not trained" if self.synthetic else "yours",
         }
 
 
 def create(signature: Signature, settings: ModelSettings) -> Classifier:
-    """Check that the loaded model has the classifier's tensors, then serve it."""
-    image = signature.input(INPUT)
+    """Serve any classifier with one float32 (3, 224, 224) input and a score vector output.
+
+    The demo model's labels are generated; ``labels`` in the model's settings names a
+    text file with one class name per line, in the order of the model's outputs.
+    """
+    where = f"models.{settings.name}"
     want_image = (3, CROP_PX, CROP_PX)
-    if image is None or image.dtype != np.float32 or image.item_shape != want_image:
+    if len(signature.inputs) != 1:
         raise SettingsError(
-            f"models.{settings.name}.path: {settings.path} is not the classifier's model; "
-            f"expected a float32 input {INPUT!r} of item shape {want_image}, "
+            f"{where}.path: a classifier takes one input, got {len(signature.inputs)}"
+        )
+    image = signature.inputs[0]
+    if image.dtype != np.float32 or image.item_shape != want_image:
+        raise SettingsError(
+            f"{where}.path: {settings.path} is not an image classifier this servable can feed; "
+            f"expected one float32 input of item shape {want_image}, "
             f"got {signature.describe()['inputs']}"
         )
-    logits = next((s for s in signature.outputs if s.name == OUTPUT), None)
-    if logits is None or logits.item_shape != (len(LABELS),):
+    labels = LABELS if settings.labels is None else _read_labels(settings, where)
+    scores = signature.outputs[0] if signature.outputs else None
+    if scores is None or scores.item_shape != (len(labels),):
         raise SettingsError(
-            f"models.{settings.name}.path: {settings.path} is not the classifier's model; "
-            f"expected an output {OUTPUT!r} of item shape ({len(LABELS)},), "
-            f"got {signature.describe()['outputs']}"
+            f"{where}.path: expected the first output to hold one score per label "
+            f"(item shape ({len(labels)},)), got {signature.describe()['outputs']}"
         )
-    return Classifier()
+    return Classifier(labels, image.name, scores.name, synthetic=settings.labels is None)
+
+
+def _read_labels(settings: ModelSettings, where: str) -> tuple[str, ...]:
+    path = settings.labels
+    try:
+        text = path.read_text(encoding="utf-8") if path is not None else ""
+    except OSError as exc:
+        raise SettingsError(f"{where}.labels: cannot read {path}: {exc.strerror}") from None
+    labels = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not labels:
+        raise SettingsError(f"{where}.labels: {path} holds no labels (one per line)")
+    return labels
