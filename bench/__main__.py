@@ -52,8 +52,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only", type=_sections, default=list(SECTIONS), help="comma list of " + ",".join(SECTIONS)
     )
-    parser.add_argument("--models", type=Path, default=REPO / "build" / "models")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "bench" / "results.json")
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=REPO / "build" / "models",
+        help="folder of mlp.onnx, tiny.onnx",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "build" / "bench" / "results.json",
+        help="where the JSON results go",
+    )
     parser.add_argument("--app", default="server:app", help="the ASGI app under test")
     return parser.parse_args(argv)
 

@@ -20,7 +20,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
@@ -57,7 +57,6 @@ class Ticket:
     inputs: Arrays | None = None
     enqueued_at: float = 0.0
     state: int = ADMITTED
-    timer: Timer | None = field(default=None, repr=False)
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
@@ -114,6 +113,10 @@ class Batcher:
         self._stopped = False
         self._failure: BaseException | None = None
         self._item_s = 0.0  # smoothed compute time per item, for Retry-After
+        # Deadlines: one heap and ONE timer for the earliest, not a timer per request.
+        self._deadlines: list[tuple[float, int, Ticket]] = []
+        self._deadline_timer: Timer | None = None
+        self._timer_at = math.inf
 
     # -- what the request side calls -------------------------------------------------
 
@@ -157,10 +160,12 @@ class Batcher:
             )
         future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
         ticket = Ticket(future, deadline, priority)
-        ticket.timer = self._clock.call_at(deadline, partial(self._expire, ticket))
         future.add_done_callback(partial(self._finished, ticket))
         self._backlog += 1
         self._outstanding += 1
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), ticket))
+        if deadline < self._timer_at:
+            self._arm_deadline_timer(deadline)
         return ticket
 
     def enqueue(self, ticket: Ticket, inputs: Arrays) -> None:
@@ -191,6 +196,9 @@ class Batcher:
                     await self._drained.wait()
         self._stopped = True
         self._fail_pending(ShuttingDown(f"model {self.name} shut down before answering"))
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadlines.clear()
         tasks = [t for t in (self._task, *self._running) if t is not None]
         for task in tasks:
             task.cancel()
@@ -205,17 +213,35 @@ class Batcher:
         if self._arriving == 0:
             self._wake.set()
 
-    def _expire(self, ticket: Ticket) -> None:
-        ticket.fail(DeadlineExceeded(f"model {self.name}: deadline passed before an answer"))
+    def _arm_deadline_timer(self, when: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._timer_at = when
+        self._deadline_timer = self._clock.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Answer 504 to every ticket past its deadline, then sleep until the next one."""
+        self._deadline_timer = None
+        self._timer_at = math.inf
+        now = self._clock.now()
+        heap = self._deadlines
+        while heap and (heap[0][0] <= now or heap[0][2].future.done()):
+            ticket = heapq.heappop(heap)[2]
+            ticket.fail(DeadlineExceeded(f"model {self.name}: deadline passed before an answer"))
+        if heap:
+            self._arm_deadline_timer(heap[0][0])
 
     def _finished(self, ticket: Ticket, _future: asyncio.Future[Arrays]) -> None:
         if ticket.state < DISPATCHED:
             self._backlog -= 1
         ticket.state = DONE
         ticket.inputs = None
-        if ticket.timer is not None:
-            ticket.timer.cancel()
         self._outstanding -= 1
+        # Answered tickets wait in the deadline heap until their time; keep it near the
+        # number of live ones so it stays bounded under any load.
+        if len(self._deadlines) > 4 * self._outstanding + 1024:
+            self._deadlines = [e for e in self._deadlines if not e[2].future.done()]
+            heapq.heapify(self._deadlines)
         if self._outstanding == 0 and self._closing:
             self._drained.set()
 

@@ -1,17 +1,21 @@
 """Every Prometheus metric, under the ``loopserve_`` prefix, in one registry per app.
 
-Children are bound per model once, so the hot path does no label lookups.
-Queue depth, backlog and in-flight counts are read from the batchers at scrape
-time (a collector), so they are never stale and cost nothing per request.
+The histograms are observed on the hot path, so they are plain bucket counters
+updated on the event loop (a bisect, no lock: only the loop observes them, and
+``/metrics`` reads them on the loop too) and exposed by a collector at scrape
+time; prometheus-client's own Histogram costs several lock-guarded increments per
+observation. Queue depth, backlog and in-flight counts are read from the batchers
+at scrape time, so they are never stale and cost nothing per request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (
@@ -32,25 +36,54 @@ class QueueState(Protocol):
     def outstanding(self) -> int: ...
 
 
+class LoopHistogram:
+    """Bucket counts and a sum, observed only from the event loop."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        running = 0
+        buckets: list[tuple[str, float]] = []
+        labels = (*map(str, map(float, self.bounds)), "+Inf")
+        for bound, count in zip(labels, self.counts, strict=True):
+            running += count
+            buckets.append((bound, running))
+        return buckets
+
+
+HISTOGRAMS = (
+    ("batch_size", "loopserve_batch_size", "Items per executed batch", BATCH_BUCKETS),
+    ("queue_wait", "loopserve_queue_wait_seconds", "Time from queue to batch dispatch",
+     LATENCY_BUCKETS),
+    ("compute", "loopserve_compute_seconds", "Forward pass time per batch", LATENCY_BUCKETS),
+    ("latency", "loopserve_request_duration_seconds", "End-to-end time of answered requests",
+     LATENCY_BUCKETS),
+)  # fmt: skip
+
+
 class ModelMetrics:
     """The metrics of one model; also the batcher's observer."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
-        self._batch = metrics.batch_size.labels(model)
-        self._wait = metrics.queue_wait.labels(model)
-        self._compute = metrics.compute.labels(model)
-        self._latency = metrics.latency.labels(model)
+        self.histograms = {key: LoopHistogram(bounds) for key, _, _, bounds in HISTOGRAMS}
+        self._batch = self.histograms["batch_size"].observe
+        self._compute = self.histograms["compute"].observe
+        self.observe_queue_wait = self.histograms["queue_wait"].observe
+        self.observe_latency = self.histograms["latency"].observe
         self._rejections = {r: metrics.rejections.labels(model, r) for r in REASONS}
 
     def observe_batch(self, size: int, compute_s: float) -> None:
-        self._batch.observe(size)
-        self._compute.observe(compute_s)
-
-    def observe_queue_wait(self, wait_s: float) -> None:
-        self._wait.observe(wait_s)
-
-    def observe_latency(self, latency_s: float) -> None:
-        self._latency.observe(latency_s)
+        self._batch(size)
+        self._compute(compute_s)
 
     def reject(self, reason: str) -> None:
         self._rejections.get(reason, self._rejections["error"]).inc()
@@ -59,34 +92,33 @@ class ModelMetrics:
 class Metrics:
     def __init__(self, queues: Callable[[], Iterable[tuple[str, QueueState]]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.batch_size = Histogram(
-            "loopserve_batch_size", "Items per executed batch", ["model"],
-            buckets=BATCH_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.queue_wait = Histogram(
-            "loopserve_queue_wait_seconds", "Time from queue to batch dispatch", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.compute = Histogram(
-            "loopserve_compute_seconds", "Forward pass time per batch", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.latency = Histogram(
-            "loopserve_request_duration_seconds", "End-to-end time of answered requests",
-            ["model"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
         self.rejections = Counter(
             "loopserve_rejections", "Requests refused or failed, by reason", ["model", "reason"],
-            registry=r,
+            registry=self.registry,
         )  # fmt: skip
-        r.register(_QueueCollector(queues))
+        self.models: dict[str, ModelMetrics] = {}
+        self.registry.register(_QueueCollector(queues))
+        self.registry.register(_HistogramCollector(self.models))
 
     def for_model(self, model: str) -> ModelMetrics:
-        return ModelMetrics(self, model)
+        metrics = self.models[model] = ModelMetrics(self, model)
+        return metrics
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HistogramCollector(Collector):
+    def __init__(self, models: dict[str, ModelMetrics]) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        for key, name, documentation, _ in HISTOGRAMS:
+            family = HistogramMetricFamily(name, documentation, labels=["model"])
+            for model, metrics in self._models.items():
+                histogram = metrics.histograms[key]
+                family.add_metric([model], histogram.cumulative(), histogram.total)
+            yield family
 
 
 class _QueueCollector(Collector):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.batcher import Arrival, Batcher
 from pipeline.clock import Clock
@@ -24,6 +24,12 @@ from pipeline.settings import ModelSettings
 log = logging.getLogger(__name__)
 
 RunnerFactory = Callable[[ModelSettings, int], Runner]
+
+
+class Watch(Protocol):
+    """Set by the transport: ``on_gone`` is called if the request's client leaves."""
+
+    on_gone: Callable[[], object] | None
 
 
 class ServedModel:
@@ -98,20 +104,18 @@ class ServedModel:
         content_type: str,
         deadline: float,
         arrival: Arrival,
-        gone: asyncio.Future[None] | None = None,
+        watch: Watch | None = None,
         priority: int = 0,
     ) -> object:
-        """Answer one request; ``gone`` resolves if the caller disconnects."""
+        """Answer one request; ``watch`` calls back if the caller disconnects."""
         started = self._clock.now()
         try:
             try:
                 self._check_content_type(content_type)
                 parsed = self.servable.parse(body, content_type)
                 ticket = self.batcher.admit(deadline, priority)
-                if gone is not None:
-                    gone.add_done_callback(
-                        lambda _: ticket.fail(ClientGone("the client disconnected"))
-                    )
+                if watch is not None:
+                    watch.on_gone = lambda: ticket.fail(ClientGone("the client disconnected"))
                 try:
                     if self.servable.offload:
                         inputs = await asyncio.to_thread(self.servable.preprocess, parsed)

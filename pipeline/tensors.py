@@ -90,7 +90,7 @@ def to_array(spec: TensorSpec, value: object) -> np.ndarray:
             f"input {spec.name!r}: expected a nested list of {spec.dtype.name} numbers "
             "with one shape"
         ) from None
-    if not _fits(array.shape, spec.item_shape):
+    if array.shape != spec.item_shape and not _fits(array.shape, spec.item_shape):
         raise Unprocessable(
             f"input {spec.name!r}: expected shape {_show(spec.item_shape)} (one item, without "
             f"the batch dimension), got {list(array.shape)}"

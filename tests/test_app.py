@@ -281,3 +281,48 @@ async def test_a_model_with_a_fixed_batch_of_one_refuses_batching_at_start() -> 
     with pytest.raises(ValueError, match="max_batch_size"):
         async with lifespan_of(app)(None):
             pass  # pragma: no cover
+
+
+async def test_a_client_that_leaves_while_queued_never_costs_compute() -> None:
+    gate = threading.Event()
+    clock = FakeClock()
+    async with fake_app(gate, clock) as (client, made):
+        running = asyncio.ensure_future(client.post("/predict/fake", json=body(1, 1, 1, 1)))
+        await asyncio.wait_for(made[0].started.get(), 5)
+        app = client._transport.app  # type: ignore[attr-defined]
+        left = asyncio.Event()
+        request = b'{"inputs": {"x": [2, 2, 2, 2]}}'
+        received: list[str] = []
+
+        async def receive() -> dict[str, object]:
+            if not received:
+                received.append("body")
+                return {"type": "http.request", "body": request, "more_body": False}
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        sent: list[dict[str, object]] = []
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/predict/fake", "raw_path": b"/predict/fake",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json")],
+        }  # fmt: skip
+        call = asyncio.ensure_future(app(scope, receive, send))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        clock.advance(0.05)  # still waiting: its disconnect watch starts
+        for _ in range(50):
+            await asyncio.sleep(0)
+        left.set()  # and the client goes away
+        await asyncio.wait_for(call, 5)
+        gate.set()
+        assert (await running).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    assert sent[0]["status"] == 499
+    assert made[0].seen() == {1.0}  # the one that left was skipped
+    assert 'loopserve_rejections_total{model="fake",reason="client_gone"} 1.0' in metrics

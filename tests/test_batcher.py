@@ -328,3 +328,11 @@ async def test_close_fails_what_cannot_finish_in_time(gate: threading.Event) -> 
         with pytest.raises(ShuttingDown):
             await answer(t)
     assert rig.batcher.outstanding == 0
+
+
+async def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
+    rig = make_rig()
+    for value in range(3000):
+        await answer(rig.submit(float(value), deadline=1e9))
+    assert len(rig.batcher._deadlines) <= 1024 + 1  # bounded, not one entry per request ever
+    await close(rig)
