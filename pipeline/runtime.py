@@ -50,10 +50,16 @@ class OnnxRunner:
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         requested = resolve_providers(settings.providers)
-        if "auto" in settings.providers:
-            # A failed CUDA attempt is expected on CPU-only hosts; we log the outcome ourselves.
-            options.log_severity_level = 4
-        self._session = ort.InferenceSession(str(settings.path), options, providers=requested)
+        auto = "auto" in settings.providers
+        if auto:
+            # With "auto", a failed CUDA attempt is expected on CPU-only hosts and ONNX
+            # Runtime reports it as an error; we log the outcome ourselves instead.
+            ort.set_default_logger_severity(4)
+        try:
+            self._session = ort.InferenceSession(str(settings.path), options, providers=requested)
+        finally:
+            if auto:
+                ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
         self.providers: Sequence[str] = tuple(self._session.get_providers())
         self.signature = Signature(
             inputs=tuple(spec_from_ort(a) for a in self._session.get_inputs()),

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    return ("asyncio", {"debug": True})  # module scope: one loop for the shared app
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +59,18 @@ async def test_multipart_without_a_file_or_malformed_is_400(client: httpx.AsyncC
     assert "error" in broken.json()
 
 
-async def test_a_decompression_bomb_is_refused_before_decoding(client: httpx.AsyncClient) -> None:
+@pytest.fixture(scope="module")
+def bomb() -> bytes:
     buffer = io.BytesIO()
     Image.new("L", (9000, 9000)).save(buffer, format="PNG")  # 81 Mpx, compresses to ~80 kB
+    return buffer.getvalue()
+
+
+async def test_a_decompression_bomb_is_refused_before_decoding(
+    client: httpx.AsyncClient, bomb: bytes
+) -> None:
     response = await client.post(
-        "/predict/classifier", content=buffer.getvalue(), headers={"content-type": "image/png"}
+        "/predict/classifier", content=bomb, headers={"content-type": "image/png"}
     )
     assert response.status_code == 413
 

@@ -20,6 +20,14 @@ from tests.server_proc import ROOT, RunningServer, uvicorn
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # The server runs in another process: its loop is not this one, so this test loop
+    # runs without debug mode (which would flag the test's own subprocess handling).
+    return "asyncio"
+
+
 MODELS = ROOT / "build" / "models"
 
 
