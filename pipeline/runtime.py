@@ -74,9 +74,9 @@ class OnnxRunner:
             list(self.providers),
         )
         if "CUDAExecutionProvider" in requested and "CUDAExecutionProvider" not in self.providers:
-            log.warning(
-                "model %s: CUDA was requested but the session runs on the CPU", settings.name
-            )
+            # Asked for by name, a fallback is worth a warning; under "auto" it is the plan.
+            level = logging.INFO if auto else logging.WARNING
+            log.log(level, "model %s: CUDA is not usable here; running on the CPU", settings.name)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> Arrays:
         values = self._session.run(self._output_names, dict(inputs))
