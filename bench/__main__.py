@@ -1,6 +1,6 @@
 """``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
 
-Sections run one after another in a fixed order (bare, ceiling, server, spin);
+Sections run one after another in a fixed order (overhead, bare, ceiling, server, spin);
 each bounds its own time. Missing prerequisites stop the run with a message
 that says what to do; missed targets do not.
 """
@@ -14,11 +14,12 @@ from pathlib import Path
 
 from bench import report
 from bench.ceiling import CeilingPoint, run_ceiling
+from bench.overhead import Overhead, run_overhead
 from bench.servers import REPO, ServerError
 from bench.suite import Point, run_bare, run_server, run_spin
 from bench.wrk import WrkError, require_wrk
 
-SECTIONS = ("bare", "ceiling", "server", "spin")
+SECTIONS = ("overhead", "bare", "ceiling", "server", "spin")
 CLIENTS = (1, 16, 64, 256)
 QUICK_CLIENTS = (1, 64)
 CEILING_BATCHES: dict[str, tuple[int, ...]] = {"mlp": (1, 8, 32, 64), "tiny": (1, 64)}
@@ -92,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     points: list[Point] = []
     ceiling: list[CeilingPoint] = []
+    overhead: Overhead | None = None
     try:
+        if "overhead" in args.only:
+            print("per-request CPU at the ASGI level (no HTTP), tiny, 64 callers", flush=True)
+            overhead = run_overhead(args.models, 5_000 if args.quick else 20_000)
         if "bare" in args.only:
             print("HTTP ceiling (bare Starlette app)", flush=True)
             points += run_bare(clients, duration_s)
@@ -118,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         "app": args.app,
         "wall_s": round(time.monotonic() - started, 1),
     }
+    if overhead is not None:
+        print(
+            f"\nASGI-level CPU per request: bare {overhead.bare_us:.1f} us, loopserve "
+            f"{overhead.server_us:.1f} us (+{overhead.extra_us:.1f} us, mean batch "
+            f"{overhead.mean_batch:.1f})"
+        )
+        settings["overhead_us"] = {"bare": overhead.bare_us, "server": overhead.server_us}
     report.write_json(args.out, settings, points, ceiling, found)
     print(f"\nresults: {args.out} ({settings['wall_s']} s)")
     return 0

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pipeline.clock import Clock, LoopClock, Timer
+from pipeline.clock import Clock, Timer
 from pipeline.errors import BadRequest, ClientGone, LoopserveError, PayloadTooLarge
 from pipeline.model import RunnerFactory
 from pipeline.runtime import OnnxRunner
@@ -46,9 +46,9 @@ def create_app(
     clock: Clock | None = None,
 ) -> Starlette:
     """The loopserve ASGI app; models load in its lifespan, once."""
-    service = Service(settings or load_settings(), clock or LoopClock(), runner_factory)
+    service = Service(settings or load_settings(), clock, runner_factory)
     endpoints = _Endpoints(service)
-    watches = _Watches(service.clock)
+    watches = _Watches(service)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -271,28 +271,30 @@ class _Watches:
 
     WATCH_AFTER_S = 0.05
 
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
+    def __init__(self, service: Service) -> None:
+        self._service = service  # its clock exists once the lifespan has started
         self._pending: deque[_Watch] = deque()
         self._timer: Timer | None = None
 
     def watch(self, receive: Receive) -> _Watch:
-        watch = _Watch(receive, self._clock.now() + self.WATCH_AFTER_S)
+        clock = self._service.clock
+        watch = _Watch(receive, clock.now() + self.WATCH_AFTER_S)
         self._pending.append(watch)
         if self._timer is None:
-            self._timer = self._clock.call_at(watch.start_at, self._start_due)
+            self._timer = clock.call_at(watch.start_at, self._start_due)
         return watch
 
     def _start_due(self) -> None:
         self._timer = None
-        now = self._clock.now()
+        clock = self._service.clock
+        now = clock.now()
         pending = self._pending
         while pending and pending[0].start_at <= now:
             watch = pending.popleft()
             if not watch.closed:
                 watch.start()
         if pending:
-            self._timer = self._clock.call_at(pending[0].start_at, self._start_due)
+            self._timer = clock.call_at(pending[0].start_at, self._start_due)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -109,6 +109,7 @@ class Batcher:
         self._collecting: list[Ticket] = []
         self._running: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._event_loop = asyncio.get_running_loop()  # a batcher lives on the loop it is made on
         self._closing = False
         self._stopped = False
         self._failure: BaseException | None = None
@@ -138,7 +139,7 @@ class Batcher:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
+            self._task = self._event_loop.create_task(
                 self._loop(), name=f"loopserve-batcher-{self.name}"
             )
 
@@ -158,7 +159,7 @@ class Batcher:
                 f"model {self.name} is overloaded ({self._backlog} requests waiting); retry later",
                 self.retry_after_s(),
             )
-        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Arrays] = self._event_loop.create_future()
         ticket = Ticket(future, deadline, priority)
         future.add_done_callback(partial(self._finished, ticket))
         self._backlog += 1
@@ -322,7 +323,7 @@ class Batcher:
                 self._observer.observe_queue_wait(now - ticket.enqueued_at)
         self._backlog -= len(batch)
         instance.busy = True
-        task = asyncio.get_running_loop().create_task(
+        task = self._event_loop.create_task(
             self._run(instance, batch), name=f"loopserve-batch-{self.name}"
         )
         self._running.add(task)
@@ -355,9 +356,10 @@ class Batcher:
             for name in self._input_names
         }
         started = self._clock.now()
-        loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(instance.executor, instance.runner.run, inputs)
+            outputs = await self._event_loop.run_in_executor(
+                instance.executor, instance.runner.run, inputs
+            )
         except Exception as exc:
             if len(live) == 1:
                 log.warning("model %s failed on one input: %r", self.name, exc)

@@ -22,10 +22,12 @@ class Clock(Protocol):
 
 
 class LoopClock:
-    """The running event loop's monotonic clock."""
+    """An event loop's monotonic clock, bound once: ``now`` is ``loop.time`` itself
+    (a call per request several times over, so no ``get_running_loop`` lookup)."""
 
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now: Callable[[], float] = loop.time
+        self._loop = loop
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
-        return asyncio.get_running_loop().call_at(when, callback)
+        return self._loop.call_at(when, callback)

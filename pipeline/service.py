@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
-from pipeline.clock import Clock
+from pipeline.clock import Clock, LoopClock, Timer
 from pipeline.errors import NotFound
 from pipeline.metrics import Metrics
 from pipeline.model import RunnerFactory, ServedModel
@@ -28,17 +29,19 @@ class Service:
     def __init__(
         self,
         settings: ServerSettings,
-        clock: Clock,
+        clock: Clock | None = None,
         runner_factory: RunnerFactory = OnnxRunner,
     ) -> None:
         self.settings = settings
-        self.clock = clock
+        self._given_clock = clock
+        self.clock: Clock = _Unstarted()
         self.state: State = "starting"
         self.models: dict[str, ServedModel] = {}
         self.metrics = Metrics(lambda: [(n, m.batcher) for n, m in self.models.items()])
         self._runner_factory = runner_factory
 
     async def start(self) -> None:
+        self.clock = self._given_clock or LoopClock(asyncio.get_running_loop())
         log.info(
             "loopserve: loading %d model(s) from %s",
             len(self.settings.models),
@@ -75,3 +78,13 @@ class Service:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+
+class _Unstarted:
+    """The clock before the lifespan starts: there is no loop to read yet."""
+
+    def now(self) -> float:
+        raise RuntimeError("loopserve is not started: run the app's lifespan first")
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        raise RuntimeError("loopserve is not started: run the app's lifespan first")
