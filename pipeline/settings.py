@@ -35,6 +35,7 @@ class ModelSettings:
     intra_op_spinning: bool = False
     max_body_bytes: int = 16 * 1024 * 1024
     labels: Path | None = None  # a classifier's class names, one per line (servable option)
+    version: int = 1  # the model repository's version folder this was loaded from
 
     def __post_init__(self) -> None:
         where = f"models.{self.name}"
@@ -45,6 +46,7 @@ class ModelSettings:
         _at_least(where, "max_queue", self.max_queue, 1)
         _at_least(where, "intra_op_threads", self.intra_op_threads, 0)
         _at_least(where, "max_body_bytes", self.max_body_bytes, 1)
+        _at_least(where, "version", self.version, 1)
         if not 0 <= self.max_delay_ms <= 10_000:
             raise SettingsError(
                 f"{where}.max_delay_ms: must be in [0, 10000], got {self.max_delay_ms}"
