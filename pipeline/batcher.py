@@ -169,6 +169,24 @@ class Batcher:
             self._arm_deadline_timer(deadline)
         return ticket
 
+    def admit_many(self, count: int, deadline: float, priority: int = 0) -> list[Ticket]:
+        """Admit ``count`` items of one request, all or none: it counts as that many."""
+        if count > 1 and self._backlog + count > self.max_queue:
+            raise Overloaded(
+                f"model {self.name} is overloaded ({self._backlog} requests waiting, "
+                f"{count} more asked for); retry later",
+                self.retry_after_s(),
+            )
+        tickets: list[Ticket] = []
+        try:
+            for _ in range(count):
+                tickets.append(self.admit(deadline, priority))
+        except BaseException:
+            for ticket in tickets:
+                ticket.future.cancel()
+            raise
+        return tickets
+
     def enqueue(self, ticket: Ticket, inputs: Arrays) -> None:
         """Queue an admitted ticket's model input; raises what it already failed with."""
         if ticket.future.done():

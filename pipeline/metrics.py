@@ -90,7 +90,7 @@ class ModelMetrics:
 
 
 class Metrics:
-    def __init__(self, queues: Callable[[], Iterable[tuple[str, QueueState]]]) -> None:
+    def __init__(self, queues: Callable[[], Iterable[tuple[str, Sequence[QueueState]]]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.rejections = Counter(
             "loopserve_rejections", "Requests refused or failed, by reason", ["model", "reason"],
@@ -101,7 +101,10 @@ class Metrics:
         self.registry.register(_HistogramCollector(self.models))
 
     def for_model(self, model: str) -> ModelMetrics:
-        metrics = self.models[model] = ModelMetrics(self, model)
+        """The metrics of a model name, shared by all its versions."""
+        metrics = self.models.get(model)
+        if metrics is None:
+            metrics = self.models[model] = ModelMetrics(self, model)
         return metrics
 
     def render(self) -> bytes:
@@ -122,7 +125,7 @@ class _HistogramCollector(Collector):
 
 
 class _QueueCollector(Collector):
-    def __init__(self, queues: Callable[[], Iterable[tuple[str, QueueState]]]) -> None:
+    def __init__(self, queues: Callable[[], Iterable[tuple[str, Sequence[QueueState]]]]) -> None:
         self._queues = queues
 
     def collect(self) -> Iterator[Metric]:
@@ -135,10 +138,10 @@ class _QueueCollector(Collector):
         in_flight = GaugeMetricFamily(
             "loopserve_in_flight", "Admitted items not yet answered", labels=["model"]
         )
-        for name, state in self._queues():
-            depth.add_metric([name], state.queued)
-            backlog.add_metric([name], state.backlog)
-            in_flight.add_metric([name], state.outstanding)
+        for name, versions in self._queues():  # summed over a model's loaded versions
+            depth.add_metric([name], sum(v.queued for v in versions))
+            backlog.add_metric([name], sum(v.backlog for v in versions))
+            in_flight.add_metric([name], sum(v.outstanding for v in versions))
         yield depth
         yield backlog
         yield in_flight

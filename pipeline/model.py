@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
-from pipeline.batcher import Arrival, Batcher
+from pipeline.batcher import Arrival, Batcher, Ticket
 from pipeline.clock import Clock
 from pipeline.errors import BadRequest, ClientGone, LoopserveError, UnsupportedMediaType
 from pipeline.metrics import ModelMetrics
-from pipeline.runtime import Instance, OnnxRunner, Runner
+from pipeline.runtime import Arrays, Instance, OnnxRunner, Runner
 from pipeline.servable import Servable, create_servable
 from pipeline.settings import ModelSettings
 
@@ -30,6 +31,12 @@ class Watch(Protocol):
     """Set by the transport: ``on_gone`` is called if the request's client leaves."""
 
     on_gone: Callable[[], object] | None
+
+
+def _fail_all(tickets: list[Ticket]) -> None:
+    gone = ClientGone("the client disconnected")
+    for ticket in tickets:
+        ticket.fail(gone)
 
 
 class ServedModel:
@@ -138,6 +145,41 @@ class ServedModel:
         self.metrics.observe_latency(self._clock.now() - started)
         return result
 
+    async def infer(
+        self,
+        items: list[Arrays],
+        deadline: float,
+        arrival: Arrival,
+        watch: Watch | None = None,
+        priority: int = 0,
+    ) -> list[Arrays]:
+        """Answer a request of ready model inputs, one item each: all batch with others."""
+        started = self._clock.now()
+        try:
+            try:
+                tickets = self.batcher.admit_many(len(items), deadline, priority)
+                if watch is not None:
+                    watch.on_gone = partial(_fail_all, tickets)
+                try:
+                    for ticket, inputs in zip(tickets, items, strict=True):
+                        self.batcher.enqueue(ticket, inputs)
+                except BaseException:
+                    for ticket in tickets:
+                        if ticket.inputs is None:
+                            ticket.future.cancel()  # never queued: release the admission
+                    raise
+            finally:
+                arrival.done()
+            answers = await asyncio.gather(*(t.future for t in tickets), return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+        except LoopserveError as exc:
+            self.metrics.reject(exc.reason)
+            raise
+        self.metrics.observe_latency(self._clock.now() - started)
+        return answers  # type: ignore[return-value]  # no exceptions left in it
+
     def _check_content_type(self, content_type: str) -> None:
         if content_type not in self.servable.content_types:
             accepted = ", ".join(sorted(t for t in self.servable.content_types if t))
@@ -150,6 +192,7 @@ class ServedModel:
         s = self.settings
         return {
             "name": self.name,
+            "version": s.version,
             "servable": s.servable,
             "path": str(s.path),
             "providers": list(self.providers),

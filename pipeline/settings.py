@@ -35,6 +35,7 @@ class ModelSettings:
     intra_op_spinning: bool = False
     max_body_bytes: int = 16 * 1024 * 1024
     labels: Path | None = None  # a classifier's class names, one per line (servable option)
+    priority_levels: int = 2  # V2 `priority`: 1 is served first; 0/absent = the last level
     version: int = 1  # the model repository's version folder this was loaded from
 
     def __post_init__(self) -> None:
@@ -47,6 +48,7 @@ class ModelSettings:
         _at_least(where, "intra_op_threads", self.intra_op_threads, 0)
         _at_least(where, "max_body_bytes", self.max_body_bytes, 1)
         _at_least(where, "version", self.version, 1)
+        _at_least(where, "priority_levels", self.priority_levels, 1)
         if not 0 <= self.max_delay_ms <= 10_000:
             raise SettingsError(
                 f"{where}.max_delay_ms: must be in [0, 10000], got {self.max_delay_ms}"
@@ -65,8 +67,9 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    models: tuple[ModelSettings, ...]
+    models: tuple[ModelSettings, ...] = ()
     drain_timeout_s: float = 10.0
+    repository: Path | None = None  # a model repository folder (see pipeline.repository)
     source: str = field(default="(in code)", compare=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +80,11 @@ class ServerSettings:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise SettingsError(f"models: duplicate model names in {names}")
+        if not self.models and self.repository is None:
+            raise SettingsError(
+                "models: the configuration serves no model; add a [models.<name>] table "
+                "or [server] repository = <folder>"
+            )
 
 
 def _at_least(where: str, name: str, value: int, low: int) -> None:

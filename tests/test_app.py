@@ -187,7 +187,9 @@ async def test_health_ready_models_and_metrics_describe_the_server() -> None:
         metrics = await client.get("/metrics")
     assert health.json() == {"status": "ok"}
     assert ready.status_code == 200
-    assert ready.json()["models"] == {"fake": {"providers": ["FakeProvider"], "instances": 1}}
+    assert ready.json()["models"] == {
+        "fake": {"providers": ["FakeProvider"], "instances": 1, "versions": [1]}
+    }
     assert models[0]["name"] == "fake"
     assert models[0]["max_batch_size"] == 8
     assert models[0]["signature"]["inputs"] == [
