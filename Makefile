@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-MODELS := build/models/classifier.onnx build/models/mlp.onnx build/models/tiny.onnx
+MODELS := repository/classifier/1/model.onnx repository/mlp/1/model.onnx repository/tiny/1/model.onnx
 
 .PHONY: serve test check lint types bench models install clean
 
@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 $(MODELS) &: $(BIN)/.installed models/build.py models/onnxbuild.py
-	$(BIN)/python -m models.build --out build/models
+	$(BIN)/python -m models.build --repository repository
 
 models: $(MODELS)
 
@@ -42,4 +42,4 @@ bench: install models
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf build .coverage
+	rm -rf build .coverage repository/*/[0-9]*/

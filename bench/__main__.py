@@ -15,7 +15,7 @@ from pathlib import Path
 from bench import report
 from bench.ceiling import CeilingPoint, run_ceiling
 from bench.overhead import Overhead, run_overhead
-from bench.servers import REPO, ServerError
+from bench.servers import REPO, ServerError, model_path
 from bench.suite import Point, run_bare, run_server, run_spin
 from bench.wrk import WrkError, require_wrk
 
@@ -56,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         type=Path,
-        default=REPO / "build" / "models",
-        help="folder of mlp.onnx, tiny.onnx",
+        default=REPO / "repository",
+        help="model repository holding mlp/1/model.onnx and tiny/1/model.onnx",
     )
     parser.add_argument(
         "--out",
@@ -74,7 +74,7 @@ def _check(args: argparse.Namespace) -> None:
     if {"bare", "server", "spin"} & set(args.only):
         require_wrk()
     if {"ceiling", "server", "spin"} & set(args.only):
-        missing = [m for m in ("mlp", "tiny") if not (args.models / f"{m}.onnx").is_file()]
+        missing = [m for m in ("mlp", "tiny") if not model_path(args.models, m).is_file()]
         if missing:
             raise FileNotFoundError(
                 f"no {', '.join(missing)} model in {args.models}; build them with `make models`"

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.payload import INPUT_WIDTH
+from bench.servers import model_path
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def run_ceiling(
 ) -> list[CeilingPoint]:
     points: list[CeilingPoint] = []
     for model, sizes in batches.items():
-        sess = session(model_dir / f"{model}.onnx")
+        sess = session(model_path(model_dir, model))
         for batch in sizes:
             point = measure(sess, model, batch, seconds)
             print(f"  ceiling {model} batch {batch}: {point.items_per_s:,.0f} items/s", flush=True)

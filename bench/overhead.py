@@ -18,6 +18,7 @@ import uvloop
 
 from bench.bare import app as bare_app
 from bench.payload import request_body
+from bench.servers import model_path
 from pipeline.app import create_app, lifespan_of
 from pipeline.settings import ModelSettings, ServerSettings
 
@@ -79,7 +80,7 @@ async def _per_request_us(app: Any, body: bytes, requests: int) -> float:
 
 
 async def _measure(models: Path, requests: int) -> Overhead:
-    tiny = ModelSettings(name="tiny", path=models / "tiny.onnx", max_batch_size=64)
+    tiny = ModelSettings(name="tiny", path=model_path(models, "tiny"), max_batch_size=64)
     server = create_app(ServerSettings(models=(tiny,)))
     body = request_body("tiny")
     async with lifespan_of(server)(None):

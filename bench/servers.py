@@ -27,6 +27,11 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0  # the server drains for drain_timeout_s (5 s in our configs) first
 
 
+def model_path(repository: Path, name: str) -> Path:
+    """Where the demo repository keeps version 1 of ``name`` (built by `make models`)."""
+    return repository / name / "1" / "model.onnx"
+
+
 class ServerError(RuntimeError):
     """The server did not become ready, or exited while we waited."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.payload import request_body
-from bench.servers import ModelConfig, config_toml, serve
+from bench.servers import ModelConfig, config_toml, model_path, serve
 from bench.wrk import run_wrk
 
 WARMUP_S = 1
@@ -78,7 +78,7 @@ def run_server(app: str, model_dir: Path, clients: Sequence[int], duration_s: in
     points: list[Point] = []
     for setup, max_batch_size in (("batched", 64), ("unbatched", 1)):
         models = [
-            ModelConfig(name, model_dir / f"{name}.onnx", max_batch_size=max_batch_size)
+            ModelConfig(name, model_path(model_dir, name), max_batch_size=max_batch_size)
             for name in ("tiny", "mlp")
         ]
         with serve(app, config_toml(models)) as url:
@@ -98,7 +98,7 @@ def run_spin(app: str, model_dir: Path, duration_s: int) -> list[Point]:
         for spinning in (False, True):
             config = ModelConfig(
                 model,
-                model_dir / f"{model}.onnx",
+                model_path(model_dir, model),
                 intra_op_threads=threads,
                 intra_op_spinning=spinning,
             )

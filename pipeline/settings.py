@@ -108,15 +108,19 @@ def settings_from_dict(raw: dict[str, Any], base: Path, source: str = "(dict)") 
     """Build settings from parsed TOML; relative model paths are relative to ``base``."""
     _only_keys("", raw, {"server", "models"})
     server = raw.get("server", {})
-    _only_keys("server", server, {"drain_timeout_s"})
+    _only_keys("server", server, {"drain_timeout_s", "repository"})
     models_raw = raw.get("models", {})
-    if not isinstance(models_raw, dict) or not models_raw:
-        raise SettingsError(
-            "models: the configuration serves no model; add a [models.<name>] table"
-        )
+    if not isinstance(models_raw, dict):
+        raise SettingsError("models: must be a table of [models.<name>] tables")
     models = tuple(_model(name, table, base) for name, table in models_raw.items())
     drain = _typed("server", "drain_timeout_s", server.get("drain_timeout_s", 10.0), float)
-    return ServerSettings(models=models, drain_timeout_s=drain, source=source)
+    repository = None
+    if "repository" in server:
+        folder = Path(_typed("server", "repository", server["repository"], str))
+        repository = folder if folder.is_absolute() else base / folder
+    return ServerSettings(
+        models=models, drain_timeout_s=drain, repository=repository, source=source
+    )
 
 
 def _model(name: str, table: Any, base: Path) -> ModelSettings:

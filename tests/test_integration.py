@@ -28,16 +28,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-MODELS = ROOT / "build" / "models"
+REPOSITORY = ROOT / "repository"
 
 
 @pytest.fixture(scope="module")
 def demo() -> Iterator[RunningServer]:
     """``uvicorn server:app`` with the demo set, as `make serve` runs it."""
-    subprocess.run(
-        [sys.executable, "-m", "models.build", "--out", str(MODELS)], cwd=ROOT, check=True,
-        capture_output=True,
-    )  # fmt: skip
+    build = [sys.executable, "-m", "models.build", "--repository", str(REPOSITORY)]
+    subprocess.run(build, cwd=ROOT, check=True, capture_output=True)
     with uvicorn("server:app") as server:
         yield server
 
@@ -86,7 +84,9 @@ async def test_200_concurrent_clients_each_get_their_own_answer(demo: RunningSer
         metrics = (await client.get("/metrics")).text
     assert [r.status_code for r in responses] == [200] * 200
     got = np.array([r.json()["outputs"]["y"] for r in responses], dtype=np.float32)
-    session = ort.InferenceSession(str(MODELS / "mlp.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(REPOSITORY / "mlp" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     expected = np.concatenate([session.run(None, {"x": row[None]})[0] for row in inputs])
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
     assert not np.allclose(got[0], got[1])  # distinct inputs, distinct answers

@@ -13,7 +13,7 @@ from pipeline.runtime import OnnxRunner, resolve_providers
 from pipeline.settings import ModelSettings
 from tests.server_proc import ROOT
 
-TINY = ModelSettings(name="tiny", path=ROOT / "build" / "models" / "tiny.onnx")
+TINY = ModelSettings(name="tiny", path=ROOT / "repository" / "tiny" / "1" / "model.onnx")
 
 
 def test_a_session_reports_its_real_providers_and_signature(

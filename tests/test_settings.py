@@ -10,13 +10,10 @@ from pipeline.errors import SettingsError
 from pipeline.settings import DEMO_CONFIG, load_settings, settings_from_dict
 
 
-def test_the_demo_set_loads_with_paths_relative_to_the_file() -> None:
+def test_the_demo_set_serves_the_repository_relative_to_the_file() -> None:
     settings = load_settings(DEMO_CONFIG)
-    names = [m.name for m in settings.models]
-    assert names == ["classifier", "mlp", "tiny"]
-    assert settings.models[1].path == DEMO_CONFIG.parent / "build/models/mlp.onnx"
-    assert settings.models[0].servable == "classifier"
-    assert settings.models[1].max_delay_ms == 1.0
+    assert settings.models == ()
+    assert settings.repository == DEMO_CONFIG.parent / "repository"
 
 
 def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,6 +37,7 @@ def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ({"models": {"m": {"path": "m.onnx", "max_delay_ms": -1}}}, "models.m.max_delay_ms"),
         ({"models": {"m": {}}}, "models.m.path"),
         ({"models": {}}, "serves no model"),
+        ({"server": {"repository": 3}}, "server.repository"),
         ({"server": {"drain_timeout_s": -1}, "models": {"m": {"path": "x"}}}, "drain_timeout_s"),
         ({"server": {"port": 1}, "models": {"m": {"path": "x"}}}, "server.port"),
         ({"modles": {}}, "modles"),
