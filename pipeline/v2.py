@@ -160,9 +160,36 @@ def _items(model: ServedModel, request: InferRequest) -> list[Arrays]:
         count = rows
     if not count:
         raise BadRequest("the request holds no items (a batch dimension of 0)")
+    data = {spec.name: _model_data(spec, given[spec.name]) for spec in signature.inputs}
     if signature.batchable:
-        return [{name: given[name].data[i] for name in expected} for i in range(count)]
-    return [{name: given[name].data[0] for name in expected}]
+        return [{name: data[name][i] for name in expected} for i in range(count)]
+    return [{name: data[name][0] for name in expected}]
+
+
+def _model_data(spec: TensorSpec, tensor: InferInput) -> np.ndarray:
+    """ONNX string tensors hold ``str``; V2 BYTES carry bytes: decode them here, so
+    that an undecodable element is the client's 400, not the model's 500."""
+    if spec.dtype.kind != "O":
+        return tensor.data
+    try:
+        decoded: np.ndarray = np.vectorize(_utf8, otypes=[object])(tensor.data)
+    except UnicodeDecodeError:
+        raise BadRequest(f"input {spec.name!r}: the model takes text; send UTF-8") from None
+    return decoded
+
+
+def _utf8(value: bytes) -> str:
+    return value.decode("utf-8")
+
+
+def _wire(array: np.ndarray) -> np.ndarray:
+    """The other way: text a model returns goes out as BYTES."""
+    if array.dtype.kind != "O":
+        return array
+    encoded: np.ndarray = np.vectorize(
+        lambda v: v.encode() if isinstance(v, str) else v, otypes=[object]
+    )(array)
+    return encoded
 
 
 def _rows(spec: TensorSpec, tensor: InferInput, batchable: bool) -> int:
@@ -250,10 +277,17 @@ def _select(
         names = list(outputs)
     else:
         names = [o.name for o in request.outputs]
-        for name in names:
-            if name not in outputs:
-                raise BadRequest(f"unknown output {name!r}; the model gives {sorted(outputs)}")
-    return [(name, outputs[name], request.wants_binary(name)) for name in names]
+        for wanted in request.outputs:
+            if wanted.name not in outputs:
+                raise BadRequest(
+                    f"unknown output {wanted.name!r}; the model gives {sorted(outputs)}"
+                )
+            if "classification" in wanted.parameters:
+                raise BadRequest(
+                    "the classification extension (class_count) is not supported; "
+                    "ask for the output itself"
+                )
+    return [(name, _wire(outputs[name]), request.wants_binary(name)) for name in names]
 
 
 class _Simple:
