@@ -25,7 +25,9 @@ serve: install models
 	$(BIN)/uvicorn server:app --host $(HOST) --port $(PORT) --no-access-log
 
 test: install models
+	rm -f .coverage .coverage.*
 	$(BIN)/python -m coverage run -m pytest
+	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report --fail-under=90 --skip-covered
 
 lint: install

@@ -1,6 +1,6 @@
 """``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
 
-Sections run one after another in a fixed order (overhead, bare, ceiling, server, spin);
+Sections run one after another in a fixed order (overhead, bare, ceiling, server, v2, spin);
 each bounds its own time. Missing prerequisites stop the run with a message
 that says what to do; missed targets do not.
 """
@@ -16,10 +16,10 @@ from bench import report
 from bench.ceiling import CeilingPoint, run_ceiling
 from bench.overhead import Overhead, run_overhead
 from bench.servers import REPO, ServerError, model_path
-from bench.suite import Point, run_bare, run_server, run_spin
+from bench.suite import Point, run_bare, run_server, run_spin, run_v2
 from bench.wrk import WrkError, require_wrk
 
-SECTIONS = ("overhead", "bare", "ceiling", "server", "spin")
+SECTIONS = ("overhead", "bare", "ceiling", "server", "v2", "spin")
 CLIENTS = (1, 16, 64, 256)
 QUICK_CLIENTS = (1, 64)
 CEILING_BATCHES: dict[str, tuple[int, ...]] = {"mlp": (1, 8, 32, 64), "tiny": (1, 64)}
@@ -71,9 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _check(args: argparse.Namespace) -> None:
     """Fail before any load starts, with a message that says what to do."""
-    if {"bare", "server", "spin"} & set(args.only):
+    if {"bare", "server", "v2", "spin"} & set(args.only):
         require_wrk()
-    if {"ceiling", "server", "spin"} & set(args.only):
+    if {"ceiling", "server", "v2", "spin", "overhead"} & set(args.only):
         missing = [m for m in ("mlp", "tiny") if not model_path(args.models, m).is_file()]
         if missing:
             raise FileNotFoundError(
@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if "server" in args.only:
             print(f"server {args.app}: batched and unbatched", flush=True)
             points += run_server(args.app, args.models, clients, duration_s)
+        if "v2" in args.only:
+            print(f"server {args.app}: /predict JSON vs Open Inference Protocol", flush=True)
+            points += run_v2(args.app, args.models, duration_s)
         if "spin" in args.only:
             print(f"server {args.app}: intra-op spinning and threads", flush=True)
             points += run_spin(args.app, args.models, duration_s)

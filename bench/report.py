@@ -53,6 +53,9 @@ def ratios(points: Sequence[Point], ceiling: Sequence[CeilingPoint]) -> list[Rat
     def server(setup: str, model: str, clients: int) -> float | None:
         return _rps(points, "server", setup, model, clients)
 
+    def v2(setup: str, model: str) -> float | None:
+        return _rps(points, "v2", setup, model, 64)
+
     return [
         Ratio(
             "tiny@64 batched / bare@64",
@@ -72,6 +75,21 @@ def ratios(points: Sequence[Point], ceiling: Sequence[CeilingPoint]) -> list[Rat
         Ratio(
             "mlp@64 batched req/s / raw ORT mlp batch-64 items/s",
             _divide(server("batched", "mlp", 64), _items(ceiling, "mlp", 64)),
+            None,
+        ),
+        Ratio(
+            "mlp@64 V2 binary / V2 JSON",
+            _divide(v2("v2-binary", "mlp"), v2("v2-json", "mlp")),
+            1.0,
+        ),
+        Ratio(
+            "mlp@64 V2 binary / /predict JSON",
+            _divide(v2("v2-binary", "mlp"), v2("predict-json", "mlp")),
+            None,
+        ),
+        Ratio(
+            "tiny@64 V2 binary / /predict JSON",
+            _divide(v2("v2-binary", "tiny"), v2("predict-json", "tiny")),
             None,
         ),
     ]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.payload import request_body
+from bench.payload import request_body, v2_body
 from bench.servers import ModelConfig, config_toml, model_path, serve
 from bench.wrk import run_wrk
 
@@ -105,4 +105,36 @@ def run_spin(app: str, model_dir: Path, duration_s: int) -> list[Point]:
             setup = f"spin={'on' if spinning else 'off'} threads={threads}"
             with serve(app, config_toml([config])) as url:
                 points += _load(url, "spin", setup, [model], [SPIN_CLIENTS], duration_s)
+    return points
+
+
+V2_CLIENTS = (1, 64)
+
+
+def run_v2(app: str, model_dir: Path, duration_s: int) -> list[Point]:
+    """The same rows through ``/predict`` (JSON), V2 JSON and V2 binary, one batched server."""
+    models = [ModelConfig(name, model_path(model_dir, name)) for name in ("tiny", "mlp")]
+    points: list[Point] = []
+    with serve(app, config_toml(models)) as url:
+        for model in ("tiny", "mlp"):
+            run_wrk(f"{url}/predict/{model}", request_body(model), WARMUP_CLIENTS, WARMUP_S)
+            routes = {
+                "predict-json": (f"{url}/predict/{model}", request_body(model), None),
+                "v2-json": (f"{url}/v2/models/{model}/infer", *v2_body(model, binary=False)),
+                "v2-binary": (f"{url}/v2/models/{model}/infer", *v2_body(model, binary=True)),
+            }
+            for setup, (target, body, headers) in routes.items():
+                for n in V2_CLIENTS:
+                    result = run_wrk(target, body, n, duration_s, headers)
+                    point = Point(
+                        section="v2", setup=setup, model=model, clients=n,
+                        req_per_s=result.ok_per_s, p50_ms=result.p50_ms, p99_ms=result.p99_ms,
+                        errors=result.errors, requests=result.requests,
+                    )  # fmt: skip
+                    print(
+                        f"  v2 {setup} {model} @{n}: {point.req_per_s:,.0f} req/s, "
+                        f"p50 {point.p50_ms:.2f} ms, errors {point.errors}",
+                        flush=True,
+                    )
+                    points.append(point)
     return points

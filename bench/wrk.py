@@ -20,8 +20,7 @@ MARKER = "LOOPSERVE-BENCH "
 # Latencies from wrk are in microseconds; done() runs once, on wrk's main thread.
 _LUA = """\
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = [==[{body}]==]
+{headers}wrk.body = "{body}"
 
 function done(summary, latency, requests)
   local e = summary.errors
@@ -64,11 +63,19 @@ def require_wrk() -> str:
     return path
 
 
-def lua_script(body: bytes) -> str:
-    text = body.decode()
-    if "]==]" in text:
-        raise ValueError("the request body cannot contain the Lua long-string terminator ]==]")
-    return _LUA.format(body=text, marker=MARKER)
+def lua_script(body: bytes, headers: dict[str, str] | None = None) -> str:
+    """The POST script; any body bytes survive (binary V2 bodies too)."""
+    sent = {"Content-Type": "application/json"} if headers is None else headers
+    lines = "".join(
+        f"wrk.headers[{_lua(k.encode())}] = {_lua(v.encode())}\n" for k, v in sent.items()
+    )
+    return _LUA.format(headers=lines, body=_lua(body)[1:-1], marker=MARKER)
+
+
+def _lua(data: bytes) -> str:
+    """A Lua string literal: printable ASCII as is, every other byte as a 3-digit escape."""
+    safe = (chr(b) if 32 <= b < 127 and b not in b'"\\' else f"\\{b:03d}" for b in data)
+    return '"' + "".join(safe) + '"'
 
 
 def parse_output(stdout: str) -> WrkResult:
@@ -85,14 +92,20 @@ def parse_output(stdout: str) -> WrkResult:
     raise WrkError(f"wrk printed no result line; its output was:\n{stdout[-2000:]}")
 
 
-def run_wrk(url: str, body: bytes, clients: int, duration_s: int) -> WrkResult:
+def run_wrk(
+    url: str,
+    body: bytes,
+    clients: int,
+    duration_s: int,
+    headers: dict[str, str] | None = None,
+) -> WrkResult:
     """One load point: ``clients`` connections on one wrk thread for ``duration_s`` seconds."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError(f"the benchmark only loads 127.0.0.1, not {url}")
     wrk = require_wrk()
     with tempfile.TemporaryDirectory(prefix="loopserve-wrk-") as tmp:
         script = Path(tmp) / "post.lua"
-        script.write_text(lua_script(body))
+        script.write_text(lua_script(body, headers))
         # One thread: the machine has two cores and the server needs the other one.
         # A 10 s request timeout so slow unbatched points count latency, not errors.
         command = [wrk, "-t1", f"-c{clients}", f"-d{duration_s}s", "--timeout", "10s"]

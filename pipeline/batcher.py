@@ -57,6 +57,7 @@ class Ticket:
     inputs: Arrays | None = None
     enqueued_at: float = 0.0
     state: int = ADMITTED
+    seq: int = 0  # queue order within a priority level
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
@@ -198,7 +199,8 @@ class Batcher:
         ticket.inputs = inputs
         ticket.state = QUEUED
         ticket.enqueued_at = self._clock.now()
-        heapq.heappush(self._queue, (-ticket.priority, next(self._seq), ticket))
+        ticket.seq = next(self._seq)
+        heapq.heappush(self._queue, (-ticket.priority, ticket.seq, ticket))
         self._wake.set()
 
     def retry_after_s(self) -> int:
@@ -213,6 +215,18 @@ class Batcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(drain_timeout_s):
                     await self._drained.wait()
+        if self._outstanding:
+            log.warning(
+                "model %s: %d request(s) still unanswered after the %.1f s drain "
+                "(queued %d, collecting %d, arriving %d, instances busy %s); failing them",
+                self.name,
+                self._outstanding,
+                drain_timeout_s,
+                len(self._queue),
+                len(self._collecting),
+                self._arriving,
+                [i.busy for i in self.instances],
+            )
         self._stopped = True
         self._fail_pending(ShuttingDown(f"model {self.name} shut down before answering"))
         if self._deadline_timer is not None:
@@ -295,6 +309,13 @@ class Batcher:
         cap = self.max_batch_size
         deadline = self._clock.now() + self._max_delay_s
         timer: Timer | None = None
+        fired = False
+
+        def fire() -> None:
+            nonlocal fired
+            fired = True
+            self._wake.set()
+
         self._collecting = [first]
         try:
             while True:
@@ -309,10 +330,13 @@ class Batcher:
                     len(batch) >= cap or self._arriving == 0 or now >= deadline
                 ):
                     self._collecting = []
-                    self._dispatch(instance, batch)
+                    self._dispatch(instance, self._most_urgent(batch))
                     return
-                if timer is None and len(batch) < cap and now < deadline:
-                    timer = self._clock.call_at(deadline, self._wake.set)
+                # Re-arm a timer that fired early: uvloop rounds timers to milliseconds,
+                # and waiting on without one would wait for an event that may not come.
+                if (timer is None or fired) and len(batch) < cap and now < deadline:
+                    fired = False
+                    timer = self._clock.call_at(deadline, fire)
                 await self._wake.wait()
         finally:
             if timer is not None:
@@ -326,6 +350,16 @@ class Batcher:
             if not ticket.future.done():
                 live.append(ticket)
         return live
+
+    def _most_urgent(self, batch: list[Ticket]) -> list[Ticket]:
+        """A batch collected while the instances were busy may hold less urgent items
+        than have queued since: put it back and take the most urgent ones."""
+        queue = self._queue
+        if not queue or -queue[0][0] <= min(t.priority for t in batch):
+            return batch
+        for ticket in batch:
+            heapq.heappush(queue, (-ticket.priority, ticket.seq, ticket))
+        return self._collect([])
 
     def _free_instance(self) -> Instance | None:
         for instance in self.instances:

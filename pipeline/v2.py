@@ -75,6 +75,8 @@ class _Infer:
             request = decode_request(body, _header_length(scope))
             deadline = model.deadline(_timeout_s(request.parameters))
             priority = _priority(request.parameters, model.settings.priority_levels)
+            raw = isinstance(model.servable, RawTensors)
+            items = _items(model, request) if raw else []
         except LoopserveError as exc:
             arrival.done()
             model.metrics.reject(exc.reason)
@@ -84,8 +86,7 @@ class _Infer:
             raise
         watch = self.watches.watch(receive)
         try:
-            if isinstance(model.servable, RawTensors):
-                items = _items(model, request)
+            if raw:
                 answers = await model.infer(items, deadline, arrival, watch, priority)
                 outputs = {
                     spec.name: np.stack([a[spec.name] for a in answers])

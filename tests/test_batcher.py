@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import threading
 from collections.abc import AsyncIterator, Mapping
 
@@ -335,4 +336,31 @@ async def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
     for value in range(3000):
         await answer(rig.submit(float(value), deadline=1e9))
     assert len(rig.batcher._deadlines) <= 1024 + 1  # bounded, not one entry per request ever
+    await close(rig)
+
+
+class EarlyClock(FakeClock):
+    """Fires timers up to half a millisecond early, as uvloop's rounding can."""
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+        while self._timers and self._timers[0][0] <= self.t + 0.0005:
+            timer = heapq.heappop(self._timers)[2]
+            if not timer.cancelled:
+                timer.callback()
+
+
+async def test_a_deadline_timer_that_fires_early_is_armed_again() -> None:
+    rig = Rig([FakeRunner(loop=asyncio.get_running_loop())], EarlyClock(), max_delay_ms=1.0)
+    rig.batcher.start()
+    waiting_for = rig.batcher.arrival()  # someone is on the way: wait for the deadline
+    ticket = rig.submit(1.0)
+    await settle()
+    rig.clock.advance(0.0006)  # the timer fires, but before the 1 ms deadline
+    await settle()
+    assert rig.runner.sizes == []
+    rig.clock.advance(0.0004)  # the deadline: the re-armed timer dispatches
+    await answer(ticket)
+    assert rig.runner.sizes == [1]
+    waiting_for.done()
     await close(rig)
