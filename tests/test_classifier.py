@@ -255,6 +255,7 @@ def test_describe(servable: Servable[bytes]) -> None:
         "input": "JPEG or PNG bytes",
         "classes": 1000,
         "weights": "synthetic (seeded), not trained",
+        "v2_outputs": [{"name": "predictions", "datatype": "BYTES", "shape": [-1, 5]}],
     }
     assert servable.offload is True
     assert servable.content_types == {"image/jpeg", "image/png", "application/octet-stream"}

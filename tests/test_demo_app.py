@@ -127,6 +127,5 @@ async def test_your_own_classifier_with_your_labels(
             )
             described = (await c.get("/models")).json()["models"][0]["api"]
     assert response.json()["predictions"][0]["label"] == "seven"
-    assert described == {
-        "kind": "image-classifier", "input": "JPEG or PNG bytes", "classes": 10, "weights": "yours"
-    }  # fmt: skip
+    assert described["classes"] == 10
+    assert described["weights"] == "yours"

@@ -188,6 +188,9 @@ def test_the_classifier_takes_encoded_images_as_bytes(client: triton.InferenceSe
     tensor = triton.InferInput("input", [2], "BYTES")
     tensor.set_data_from_numpy(np.array(images, dtype=np.object_))
     result = client.infer("classifier", [tensor])
+    meta = client.get_model_metadata("classifier")
+    assert meta["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["outputs"] == [{"name": "predictions", "datatype": "BYTES", "shape": [-1, 5]}]
     predictions = result.as_numpy("predictions")
     assert predictions.shape == (2, 5)
     first = [json.loads(p) for p in predictions[0]]

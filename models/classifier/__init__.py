@@ -96,6 +96,8 @@ class Classifier:
             "input": "JPEG or PNG bytes",
             "classes": len(self.labels),
             "weights": "synthetic (seeded), not trained" if self.synthetic else "yours",
+            # What the Open Inference Protocol answers: each prediction's JSON, TOP_K per image.
+            "v2_outputs": [{"name": "predictions", "datatype": "BYTES", "shape": [-1, TOP_K]}],
         }
 
 
