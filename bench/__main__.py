@@ -1,6 +1,6 @@
 """``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
 
-Sections run one after another in a fixed order (overhead, bare, ceiling, server, v2, spin);
+Sections run one after another in a fixed order (overhead, bare, ceiling, server, v2, spin, images);
 each bounds its own time. Missing prerequisites stop the run with a message
 that says what to do; missed targets do not.
 """
@@ -14,12 +14,13 @@ from pathlib import Path
 
 from bench import report
 from bench.ceiling import CeilingPoint, run_ceiling
+from bench.images import ImagePoint, run_images
 from bench.overhead import Overhead, run_overhead
 from bench.servers import REPO, ServerError, model_path
 from bench.suite import Point, run_bare, run_server, run_spin, run_v2
 from bench.wrk import WrkError, require_wrk
 
-SECTIONS = ("overhead", "bare", "ceiling", "server", "v2", "spin")
+SECTIONS = ("overhead", "bare", "ceiling", "server", "v2", "spin", "images")
 CLIENTS = (1, 16, 64, 256)
 QUICK_CLIENTS = (1, 64)
 CEILING_BATCHES: dict[str, tuple[int, ...]] = {"mlp": (1, 8, 32, 64), "tiny": (1, 64)}
@@ -71,9 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _check(args: argparse.Namespace) -> None:
     """Fail before any load starts, with a message that says what to do."""
-    if {"bare", "server", "v2", "spin"} & set(args.only):
+    if {"bare", "server", "v2", "spin", "images"} & set(args.only):
         require_wrk()
-    if {"ceiling", "server", "v2", "spin", "overhead"} & set(args.only):
+    if {"ceiling", "server", "v2", "spin", "overhead", "images"} & set(args.only):
         missing = [m for m in ("mlp", "tiny") if not model_path(args.models, m).is_file()]
         if missing:
             raise FileNotFoundError(
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     points: list[Point] = []
     ceiling: list[CeilingPoint] = []
     overhead: Overhead | None = None
+    images: list[ImagePoint] = []
     try:
         if "overhead" in args.only:
             print("per-request CPU at the ASGI level (no HTTP), tiny, 64 callers", flush=True)
@@ -113,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         if "spin" in args.only:
             print(f"server {args.app}: intra-op spinning and threads", flush=True)
             points += run_spin(args.app, args.models, duration_s)
+        if "images" in args.only:
+            print(f"server {args.app}: classifier from 1920x1080 JPEGs", flush=True)
+            images = run_images(args.app, args.models, duration_s)
     except (WrkError, ServerError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
@@ -133,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{overhead.mean_batch:.1f})"
         )
         settings["overhead_us"] = {"bare": overhead.bare_us, "server": overhead.server_us}
+    if images:
+        print()
+        print(report.render_images(images))
+        settings["images"] = [vars(p) for p in images]
     report.write_json(args.out, settings, points, ceiling, found)
     print(f"\nresults: {args.out} ({settings['wall_s']} s)")
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from bench.ceiling import CeilingPoint
+from bench.images import ImagePoint
 from bench.suite import Point
 
 
@@ -160,3 +161,25 @@ def write_json(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def render_images(points: Sequence[ImagePoint]) -> str:
+    rows = [
+        [p.setup, str(p.clients), f"{p.req_per_s:,.1f}", f"{p.p99_ms:.0f}", str(p.errors),
+         f"{p.peak_rss_mb:,.0f}"]
+        for p in points
+    ]  # fmt: skip
+    table = _table(["classifier", "clients", "req/s", "p99 ms", "errors", "peak RSS MiB"], rows)
+    by = {p.setup: p for p in points}
+    lines = [table, ""]
+    w0, w2 = by.get("workers=0"), by.get("workers=2")
+    if w0 and w2 and w0.req_per_s:
+        lines.append(f"preprocess_workers 2 / 0: {w2.req_per_s / w0.req_per_s:.2f}x req/s")
+    slot_points = [p for p in points if p.setup.startswith("slots=")]
+    if len(slot_points) == 2:
+        low, high = slot_points
+        lines.append(
+            f"peak RSS under 10x overload: {low.setup} {low.peak_rss_mb:,.0f} MiB, "
+            f"{high.setup} {high.peak_rss_mb:,.0f} MiB ({high.peak_rss_mb / low.peak_rss_mb:.2f}x)"
+        )
+    return "\n".join(lines)

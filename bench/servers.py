@@ -45,6 +45,9 @@ class ModelConfig:
     max_queue: int = 4096
     intra_op_threads: int = 1
     intra_op_spinning: bool = False
+    servable: str | None = None
+    slots: int = 0
+    preprocess_workers: int = 0
 
 
 def config_toml(models: list[ModelConfig], drain_timeout_s: float = 5.0) -> str:
@@ -59,7 +62,11 @@ def config_toml(models: list[ModelConfig], drain_timeout_s: float = 5.0) -> str:
             f"max_queue = {m.max_queue}",
             f"intra_op_threads = {m.intra_op_threads}",
             f"intra_op_spinning = {'true' if m.intra_op_spinning else 'false'}",
+            f"slots = {m.slots}",
+            f"preprocess_workers = {m.preprocess_workers}",
         ]
+        if m.servable is not None:
+            lines.append(f"servable = {json.dumps(m.servable)}")
     return "\n".join(lines) + "\n"
 
 
@@ -113,6 +120,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @contextmanager
 def serve(app: str, config: str | None = None) -> Iterator[str]:
     """Run ``uvicorn app`` (with ``config`` as its LOOPSERVE_CONFIG); yield its base URL."""
+    with serve_process(app, config) as (url, _):
+        yield url
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ServerError(f"no VmHWM for process {pid}")
+
+
+@contextmanager
+def serve_process(
+    app: str, config: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As ``serve``, also yielding the server process (to read its memory)."""
     with tempfile.TemporaryDirectory(prefix="loopserve-bench-") as tmp:
         env = dict(os.environ)
         if config is not None:
@@ -127,6 +151,6 @@ def serve(app: str, config: str | None = None) -> Iterator[str]:
             proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=sink)
         try:
             _wait_ready(proc, port, log)
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", proc
         finally:
             _stop(proc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -152,10 +153,11 @@ class _Predict:
             raise
         watch = self.watches.watch(receive)
         try:
-            result = await model.predict(body, content_type, deadline, arrival, watch)
+            await model.predict(
+                body, content_type, deadline, arrival, watch, respond=partial(send_json, send)
+            )
         finally:
             watch.close()
-        await send_json(send, result)
 
 
 async def _loopserve_error(_request: Request, exc: Exception) -> Response:

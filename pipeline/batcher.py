@@ -403,10 +403,14 @@ class Batcher:
         live = [t for t in tickets if not t.future.done()]
         if not live:
             return
-        inputs = {
-            name: np.stack([t.inputs[name] for t in live])  # type: ignore[index]
-            for name in self._input_names
-        }
+        inputs: Arrays = {}
+        for name in self._input_names:
+            rows = [t.inputs[name] for t in live]  # type: ignore[index]
+            buffer = instance.buffers.get(name)
+            if buffer is not None and rows[0].shape == buffer.shape[1:]:
+                inputs[name] = np.stack(rows, out=buffer[: len(rows)])
+            else:
+                inputs[name] = np.stack(rows)
         started = self._clock.now()
         try:
             outputs = await self._event_loop.run_in_executor(

@@ -35,6 +35,17 @@ class QueueState(Protocol):
     @property
     def outstanding(self) -> int: ...
 
+    @property
+    def slots(self) -> SlotState: ...
+
+
+class SlotState(Protocol):
+    @property
+    def in_use(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
 
 class LoopHistogram:
     """Bucket counts and a sum, observed only from the event loop."""
@@ -138,10 +149,16 @@ class _QueueCollector(Collector):
         in_flight = GaugeMetricFamily(
             "loopserve_in_flight", "Admitted items not yet answered", labels=["model"]
         )
+        slots = GaugeMetricFamily(
+            "loopserve_slots_in_use", "Data slots held by requests", labels=["model"]
+        )
+        slot_waits = GaugeMetricFamily(
+            "loopserve_slots_waiting", "Requests waiting for a data slot", labels=["model"]
+        )
         for name, versions in self._queues():  # summed over a model's loaded versions
             depth.add_metric([name], sum(v.queued for v in versions))
             backlog.add_metric([name], sum(v.backlog for v in versions))
             in_flight.add_metric([name], sum(v.outstanding for v in versions))
-        yield depth
-        yield backlog
-        yield in_flight
+            slots.add_metric([name], sum(v.slots.in_use for v in versions))
+            slot_waits.add_metric([name], sum(v.slots.waiting for v in versions))
+        yield from (depth, backlog, in_flight, slots, slot_waits)

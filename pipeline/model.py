@@ -1,18 +1,22 @@
-"""One served model: its servable, its instances, its batcher, and the request flow.
+"""One served model: its servable, instances, batcher, slots, and the request flow.
 
 ``predict`` is DESIGN.md steps 1-8 for one request, transport-agnostic: parse
-(4xx before anything is queued), admit (503 over the backlog limit), preprocess
-off the loop, queue, await the answer (504 at the deadline, skipped if the
-caller leaves), postprocess. Loading is blocking work and runs in a thread.
+(4xx before anything is queued), admit (503 over the backlog limit), take a data
+slot (waiting counts toward the backlog and the deadline), preprocess into it off
+the loop (a thread, or worker processes writing to shared memory), queue, await
+the answer (504 at the deadline, skipped if the caller leaves), postprocess,
+reply, and only then free the slot. Loading is blocking work and runs in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from pipeline.batcher import Arrival, Batcher, Ticket
 from pipeline.clock import Clock
@@ -21,6 +25,10 @@ from pipeline.metrics import ModelMetrics
 from pipeline.runtime import Arrays, Instance, OnnxRunner, Runner
 from pipeline.servable import Servable, create_servable
 from pipeline.settings import ModelSettings
+from pipeline.slots import Slot, SlotPool
+
+if TYPE_CHECKING:
+    from pipeline.workers import PreprocessPool
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +62,29 @@ class ServedModel:
         self.signature = runners[0].signature
         self.providers = tuple(runners[0].providers)
         self.metrics = metrics
+        self.content_types = frozenset(settings.content_types) or servable.content_types
         self._clock = clock
+        self.slots = SlotPool(
+            settings.name,
+            self.signature.inputs,
+            settings.slot_count,
+            settings.max_slot_bytes,
+            shared=settings.preprocess_workers > 0,
+        )
+        self.workers: PreprocessPool | None = None
+        instances = [Instance(r, f"loopserve-{settings.name}-{i}") for i, r in enumerate(runners)]
+        if self.slots.fixed:  # one preallocated batch buffer per instance and input
+            for instance in instances:
+                instance.buffers = {
+                    spec.name: np.empty(
+                        (settings.max_batch_size, *self.slots.arenas[spec.name].shape[1:]),
+                        dtype=spec.dtype,
+                    )
+                    for spec in self.signature.inputs
+                }
         self.batcher = Batcher(
             settings.name,
-            [Instance(r, f"loopserve-{settings.name}-{i}") for i, r in enumerate(runners)],
+            instances,
             max_batch_size=settings.max_batch_size,
             max_delay_ms=settings.max_delay_ms,
             max_queue=settings.max_queue,
@@ -76,6 +103,24 @@ class ServedModel:
         """Create the instances (in a thread: sessions take a while) and start batching."""
         runners, servable = await asyncio.to_thread(cls._open, settings, runner_factory)
         model = cls(settings, runners, servable, clock, metrics)
+        if settings.preprocess_workers:
+            if not model.slots.fixed:
+                model.slots.close()
+                raise ValueError(
+                    f"models.{settings.name}.preprocess_workers: workers write into "
+                    "preallocated slots, which need the model's input shapes to be fixed"
+                )
+            from pipeline.workers import PreprocessPool
+
+            model.workers = PreprocessPool(
+                settings, model.signature, model.slots.layout, settings.preprocess_workers
+            )
+            try:
+                await model.workers.start()
+            except BaseException:
+                await model.workers.close()
+                model.slots.close()
+                raise
         model.batcher.start()
         return model
 
@@ -113,9 +158,12 @@ class ServedModel:
         arrival: Arrival,
         watch: Watch | None = None,
         priority: int = 0,
+        respond: Callable[[object], Awaitable[None]] | None = None,
     ) -> object:
-        """Answer one request; ``watch`` calls back if the caller disconnects."""
+        """Answer one request; ``watch`` calls back if the caller disconnects. With
+        ``respond``, the reply is written before the request's slot is freed."""
         started = self._clock.now()
+        slot: Slot | None = None
         try:
             try:
                 self._check_content_type(content_type)
@@ -124,11 +172,9 @@ class ServedModel:
                 if watch is not None:
                     watch.on_gone = lambda: ticket.fail(ClientGone("the client disconnected"))
                 try:
-                    if self.servable.offload:
-                        inputs = await asyncio.to_thread(self.servable.preprocess, parsed)
-                    else:
-                        inputs = self.servable.preprocess(parsed)
-                    self.batcher.enqueue(ticket, inputs)
+                    slot = await self._slot_for(ticket)
+                    await self._preprocess(parsed, slot)
+                    self.batcher.enqueue(ticket, slot.inputs)
                 except BaseException:
                     ticket.future.cancel()  # never queued: release the admission
                     raise
@@ -139,11 +185,34 @@ class ServedModel:
                 result = await asyncio.to_thread(self.servable.postprocess, outputs)
             else:
                 result = self.servable.postprocess(outputs)
+            if respond is not None:
+                await respond(result)
         except LoopserveError as exc:
             self.metrics.reject(exc.reason)
             raise
+        finally:
+            if slot is not None:
+                self.slots.release(slot)
         self.metrics.observe_latency(self._clock.now() - started)
         return result
+
+    async def _slot_for(self, ticket: Ticket) -> Slot:
+        """A data slot for ``ticket``; waiting ends with its error if its deadline passes
+        or its client leaves first."""
+        try:
+            return await self.slots.acquire(abandon=ticket.future)
+        except asyncio.CancelledError:
+            if ticket.future.done() and not ticket.future.cancelled():
+                ticket.future.result()  # raises why the request ended (504, 499)
+            raise
+
+    async def _preprocess(self, parsed: object, slot: Slot) -> None:
+        if self.workers is not None:
+            await self.workers.preprocess(parsed, slot.index)  # writes into the slot itself
+        elif self.servable.offload:
+            self.slots.hold(slot, await asyncio.to_thread(self.servable.preprocess, parsed))
+        else:
+            self.slots.hold(slot, self.servable.preprocess(parsed))
 
     async def infer(
         self,
@@ -162,7 +231,12 @@ class ServedModel:
                     watch.on_gone = partial(_fail_all, tickets)
                 try:
                     for ticket, inputs in zip(tickets, items, strict=True):
-                        self.batcher.enqueue(ticket, inputs)
+                        # An item's slot is freed once the item is answered, so a request
+                        # of more items than slots streams through them.
+                        slot = await self._slot_for(ticket)
+                        ticket.future.add_done_callback(partial(self._free, slot))
+                        self.slots.hold(slot, inputs)
+                        self.batcher.enqueue(ticket, slot.inputs)
                 except BaseException:
                     for ticket in tickets:
                         if ticket.inputs is None:
@@ -180,9 +254,12 @@ class ServedModel:
         self.metrics.observe_latency(self._clock.now() - started)
         return answers  # type: ignore[return-value]  # no exceptions left in it
 
+    def _free(self, slot: Slot, _future: object) -> None:
+        self.slots.release(slot)
+
     def _check_content_type(self, content_type: str) -> None:
-        if content_type not in self.servable.content_types:
-            accepted = ", ".join(sorted(t for t in self.servable.content_types if t))
+        if content_type not in self.content_types:
+            accepted = ", ".join(sorted(t for t in self.content_types if t))
             raise UnsupportedMediaType(
                 f"content type {content_type or '(none)'!r} is not accepted by model "
                 f"{self.name}; send one of: {accepted}"
@@ -208,7 +285,25 @@ class ServedModel:
             "api": self.servable.describe(),
             "backlog": self.batcher.backlog,
             "in_flight": self.batcher.outstanding,
+            "slots": self.slots.describe(),
+            "preprocess_workers": s.preprocess_workers,
         }
 
     async def close(self, drain_timeout_s: float) -> None:
         await self.batcher.close(drain_timeout_s)
+        if self.workers is not None:
+            await self.workers.close()
+        self.slots.close()
+
+    # what /metrics and /models read
+    @property
+    def queued(self) -> int:
+        return self.batcher.queued
+
+    @property
+    def backlog(self) -> int:
+        return self.batcher.backlog
+
+    @property
+    def outstanding(self) -> int:
+        return self.batcher.outstanding

@@ -107,6 +107,9 @@ class Instance:
         self.runner = runner
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.busy = False
+        # Preallocated (max_batch_size, *item_shape) per input when item shapes are fixed:
+        # a batch is assembled here, so the hot path allocates no input memory.
+        self.buffers: dict[str, np.ndarray] = {}
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

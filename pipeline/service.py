@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline import repository
-from pipeline.batcher import Batcher
 from pipeline.clock import Clock, LoopClock, Timer
 from pipeline.errors import BadRequest, NotFound, SettingsError
 from pipeline.metrics import Metrics
@@ -193,8 +192,8 @@ class Service:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
-    def _queues(self) -> list[tuple[str, list[Batcher]]]:
-        return [(n, [m.batcher for m in versions.values()]) for n, versions in self.served.items()]
+    def _queues(self) -> list[tuple[str, list[ServedModel]]]:
+        return [(n, list(versions.values())) for n, versions in self.served.items()]
 
 
 class _Unstarted:

@@ -36,6 +36,11 @@ class ModelSettings:
     max_body_bytes: int = 16 * 1024 * 1024
     labels: Path | None = None  # a classifier's class names, one per line (servable option)
     priority_levels: int = 2  # V2 `priority`: 1 is served first; 0/absent = the last level
+    slots: int = 0  # data slots: requests held from preprocessing to reply; 0 = 2 x max_batch_size
+    max_slot_bytes: int = 64 * 1024 * 1024  # what one slot may hold, for variable-shape inputs
+    preprocess_workers: int = 0  # processes running the servable's preprocess; 0 = a thread
+    max_image_pixels: int = 40_000_000  # image servables: bigger is refused (413) from the header
+    content_types: tuple[str, ...] = ()  # accepted request types; () = what the servable takes
     version: int = 1  # the model repository's version folder this was loaded from
 
     def __post_init__(self) -> None:
@@ -49,6 +54,16 @@ class ModelSettings:
         _at_least(where, "max_body_bytes", self.max_body_bytes, 1)
         _at_least(where, "version", self.version, 1)
         _at_least(where, "priority_levels", self.priority_levels, 1)
+        _at_least(where, "slots", self.slots, 0)
+        _at_least(where, "max_slot_bytes", self.max_slot_bytes, 1)
+        _at_least(where, "preprocess_workers", self.preprocess_workers, 0)
+        _at_least(where, "max_image_pixels", self.max_image_pixels, 1)
+        if self.preprocess_workers and self.servable is None:
+            raise SettingsError(
+                f"{where}.preprocess_workers: raw tensor models have no preprocessing to "
+                "run in workers; set it on a servable"
+            )
+
         if not 0 <= self.max_delay_ms <= 10_000:
             raise SettingsError(
                 f"{where}.max_delay_ms: must be in [0, 10000], got {self.max_delay_ms}"
@@ -63,6 +78,10 @@ class ModelSettings:
                     f"{where}.providers: unknown provider {provider!r}, "
                     f"expected one of {', '.join(KNOWN_PROVIDERS)}"
                 )
+
+    @property
+    def slot_count(self) -> int:
+        return self.slots or 2 * self.max_batch_size
 
 
 @dataclass(frozen=True)
@@ -139,10 +158,12 @@ def _model(name: str, table: Any, base: Path) -> ModelSettings:
         if f.name in ("path", "labels"):
             path = Path(_typed(where, f.name, value, str))
             kwargs[f.name] = path if path.is_absolute() else (base / path)
-        elif f.name == "providers":
+        elif f.name in ("providers", "content_types"):
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-                raise SettingsError(f"{where}.providers: must be a list of strings, got {value!r}")
-            kwargs["providers"] = tuple(value)
+                raise SettingsError(f"{where}.{f.name}: must be a list of strings, got {value!r}")
+            kwargs[f.name] = (
+                tuple(v.lower() for v in value) if f.name == "content_types" else tuple(value)
+            )
         elif f.name == "servable":
             kwargs["servable"] = _typed(where, "servable", value, str)
         else:

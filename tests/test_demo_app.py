@@ -15,6 +15,8 @@ from pipeline.settings import DEMO_CONFIG, load_settings
 
 pytestmark = pytest.mark.anyio
 
+ROOT_REPOSITORY = DEMO_CONFIG.parent / "repository"
+
 
 @pytest.fixture(scope="module")
 def anyio_backend() -> tuple[str, dict[str, bool]]:
@@ -129,3 +131,66 @@ async def test_your_own_classifier_with_your_labels(
     assert response.json()["predictions"][0]["label"] == "seven"
     assert described["classes"] == 10
     assert described["weights"] == "yours"
+
+
+async def test_per_model_input_limits_are_configurable() -> None:
+    from pipeline.settings import ModelSettings, ServerSettings
+
+    demo = ROOT_REPOSITORY / "classifier" / "1" / "model.onnx"
+    strict = ModelSettings(
+        name="strict",
+        path=demo,
+        servable="classifier",
+        max_image_pixels=100 * 100,  # a decompression-bomb guard, from the header alone
+        content_types=("image/png",),
+        max_body_bytes=50_000,
+    )
+    app = create_app(ServerSettings(models=(strict,)))
+    async with lifespan_of(app)(None):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            png = image("PNG")  # 320x240: over 100x100 pixels
+            too_many_pixels = await c.post(
+                "/predict/strict", content=png, headers={"content-type": "image/png"}
+            )
+            jpeg = await c.post(
+                "/predict/strict", content=image("JPEG"), headers={"content-type": "image/jpeg"}
+            )
+            too_big = await c.post(
+                "/predict/strict", content=b"\x89PNG" + b"0" * 60_000,
+                headers={"content-type": "image/png"},
+            )  # fmt: skip
+    assert too_many_pixels.status_code == 413
+    assert "10000 pixels" in too_many_pixels.json()["error"]
+    assert jpeg.status_code == 415
+    assert "image/png" in jpeg.json()["error"]
+    assert too_big.status_code == 413
+
+
+async def test_preprocessing_in_worker_processes_gives_the_same_answers(
+    client: httpx.AsyncClient,
+) -> None:
+    from pipeline.settings import ModelSettings, ServerSettings
+
+    demo = ROOT_REPOSITORY / "classifier" / "1" / "model.onnx"
+    pooled = ModelSettings(
+        name="pooled", path=demo, servable="classifier", preprocess_workers=2, max_batch_size=4
+    )
+    app = create_app(ServerSettings(models=(pooled,)))
+    pictures = [image("JPEG", (200, 30, 30)), image("PNG", (20, 200, 90)), image("JPEG")]
+    async with lifespan_of(app)(None):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            pooled_answers = [
+                await c.post("/predict/pooled", content=p, headers={"content-type": "image/jpeg"})
+                for p in pictures
+            ]
+            described = (await c.get("/models")).json()["models"][0]
+    in_thread = [
+        await client.post("/predict/classifier", content=p, headers={"content-type": "image/jpeg"})
+        for p in pictures
+    ]
+    assert [a.json() for a in pooled_answers] == [a.json() for a in in_thread]
+    assert described["preprocess_workers"] == 2
+    assert described["slots"]["shared_memory"] is True
+    assert described["slots"]["count"] == 8

@@ -125,7 +125,8 @@ async def test_refused_requests_leave_no_arrival_behind() -> None:
 
 async def test_priority_1_enters_batches_before_the_default_level() -> None:
     gate = threading.Event()
-    async with served(gate, max_batch_size=1) as (client, made):
+    # Slots for all three: priority orders what waits in the queue (slots bound what may).
+    async with served(gate, max_batch_size=1, slots=4) as (client, made):
         first = asyncio.ensure_future(client.post(INFER, json=request([[0.5] * 4])))
         await asyncio.wait_for(made[0].started.get(), 5)
         normal = asyncio.ensure_future(client.post(INFER, json=request([[1.0] * 4])))

@@ -50,7 +50,9 @@ class Classifier:
         input_name: str = INPUT,
         output_name: str = OUTPUT,
         synthetic: bool = True,
+        max_pixels: int = MAX_PIXELS,
     ) -> None:
+        self.max_pixels = max_pixels
         self.labels = labels
         self.input_name = input_name
         self.output_name = output_name
@@ -66,10 +68,10 @@ class Classifier:
         if not body:
             raise BadRequest("the request body is empty; send the bytes of one JPEG or PNG image")
         width, height = open_header(body).size
-        if width * height > MAX_PIXELS:
+        if width * height > self.max_pixels:
             raise PayloadTooLarge(
                 f"the image is {width}x{height} = {width * height} pixels; "
-                f"the limit is {MAX_PIXELS} pixels, so scale it down first"
+                f"the limit is {self.max_pixels} pixels, so scale it down first"
             )
         return body
 
@@ -127,7 +129,13 @@ def create(signature: Signature, settings: ModelSettings) -> Classifier:
             f"{where}.path: expected the first output to hold one score per label "
             f"(item shape ({len(labels)},)), got {signature.describe()['outputs']}"
         )
-    return Classifier(labels, image.name, scores.name, synthetic=settings.labels is None)
+    return Classifier(
+        labels,
+        image.name,
+        scores.name,
+        synthetic=settings.labels is None,
+        max_pixels=settings.max_image_pixels,
+    )
 
 
 def _read_labels(settings: ModelSettings, where: str) -> tuple[str, ...]:
