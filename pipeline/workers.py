@@ -2,9 +2,9 @@
 
 Each worker is a spawned process with its own servable and the model's arenas attached by
 name. It takes one request at a time over its pipe, writes the item into the request's row
-of each arena and answers in a few bytes: no array is ever pickled. The loop hears replies
-and exits through ``add_reader`` (pipe, process sentinel), never by polling; a worker that
-dies fails only its own request and is replaced.
+of each arena and answers in a few bytes: model inputs are never pickled. The loop hears
+replies and exits through ``add_reader`` (pipe, process sentinel), never by polling; a
+worker that dies fails only its own request and is replaced.
 """
 
 from __future__ import annotations
@@ -43,16 +43,23 @@ Reply = tuple[str, ...]  # ("ready",) | ("ok",) | ("error", class, message) | ("
 
 
 class WorkerDied(LoopserveError):
+    """The worker process exited (killed, or a crash in native decoding code) mid-request."""
+
     status = 500
     reason = "model_error"
 
 
 class _Worker:
-    __slots__ = ("conn", "exited", "job", "pid", "process", "state")
+    __slots__ = ("conn", "exited", "job", "pid", "process", "requests", "state")
 
-    def __init__(self, process: SpawnProcess, conn: Connection[Any, Reply]) -> None:
+    def __init__(
+        self, process: SpawnProcess, conn: Connection[Any, Reply], requests: Connection[Any, Any]
+    ) -> None:
         self.process = process
-        self.conn = conn
+        self.conn = conn  # replies, read when the loop says it is readable
+        # Requests go down a pipe of their own: the loop (uvloop) makes a file descriptor it
+        # watches non-blocking, and a big body sent on one would fail half-way with EAGAIN.
+        self.requests = requests
         self.pid = process.pid or 0
         self.state: Literal["starting", "idle", "busy", "dead"] = "starting"
         self.job: asyncio.Future[None] | None = None  # readiness, then the request in hand
@@ -132,7 +139,7 @@ class PreprocessPool:
         loop = asyncio.get_running_loop()
         job: asyncio.Future[None] = loop.create_future()
         worker.state, worker.job = "busy", job
-        sending = loop.run_in_executor(self._threads, _send, worker.conn, (parsed, slot))
+        sending = loop.run_in_executor(self._threads, _send, worker.requests, (parsed, slot))
         self._sending.add(sending)
         sending.add_done_callback(lambda f: self._sent(worker, job, f))
         try:
@@ -249,10 +256,11 @@ class PreprocessPool:
     # -- processes
 
     async def _spawn(self) -> _Worker:
-        parent, child = self._context.Pipe()
+        parent, child = self._context.Pipe(duplex=False)  # replies: child -> parent
+        child_requests, requests = self._context.Pipe(duplex=False)  # requests: parent -> child
         process = self._context.Process(
             target=_worker_main,
-            args=(child, self.settings, self.signature, self.layout),
+            args=(child_requests, child, self.settings, self.signature, self.layout),
             name=f"loopserve-preprocess-{self.settings.name}",
             daemon=True,  # terminated at interpreter exit should close() never run
         )
@@ -262,10 +270,12 @@ class PreprocessPool:
             process.start()
         except BaseException:
             parent.close()
+            requests.close()
             raise
         finally:
-            child.close()  # the child holds its own copy; ours would hide its exit (no EOF)
-        worker = _Worker(process, parent)
+            child.close()  # the child holds its own copies; ours would hide its exit (no EOF)
+            child_requests.close()
+        worker = _Worker(process, parent, requests)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         worker.job = ready
         self._workers.add(worker)
@@ -382,6 +392,7 @@ class PreprocessPool:
             _resolve(worker.job, error)
             worker.job = None
         worker.conn.close()
+        worker.requests.close()
         worker.process.close()
         self._workers.discard(worker)
         with contextlib.suppress(ValueError):
@@ -440,7 +451,7 @@ def _resolve(future: asyncio.Future[None], outcome: BaseException | None) -> Non
 def _stop(worker: _Worker) -> None:
     # A tiny write into an empty pipe (the worker has read its last request): no block.
     with contextlib.suppress(OSError):  # already gone: its sentinel says so
-        worker.conn.send_bytes(pickle.dumps(None))
+        worker.requests.send_bytes(pickle.dumps(None))
 
 
 def _error_class(name: str) -> type[LoopserveError]:
@@ -469,6 +480,7 @@ def _send(conn: Connection[Any, Any], message: tuple[object, int]) -> None:
 
 
 def _worker_main(
+    requests: Connection[Any, Any],
     conn: Connection[Reply, Any],
     settings: ModelSettings,
     signature: Signature,
@@ -494,20 +506,24 @@ def _worker_main(
             conn.send(_failed(exc))
             raise SystemExit(1) from None
         conn.send(("ready",))
-        _serve(conn, servable, arenas)
+        _serve(requests, conn, servable, arenas)
     finally:
         arenas.clear()  # the views go first, or closing the memory raises BufferError
         for memory in memories:
             memory.close()
         conn.close()
+        requests.close()
 
 
 def _serve(
-    conn: Connection[Reply, Any], servable: Servable[Any], arenas: dict[str, np.ndarray]
+    requests: Connection[Any, Any],
+    conn: Connection[Reply, Any],
+    servable: Servable[Any],
+    arenas: dict[str, np.ndarray],
 ) -> None:
     while True:
         try:
-            data = conn.recv_bytes()
+            data = requests.recv_bytes()
         except EOFError:  # the parent is gone
             return
         reply = _handle(servable, arenas, data)
