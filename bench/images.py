@@ -3,9 +3,10 @@ memory under overload with and without data slots.
 
 A 1920x1080 JPEG is generated (seeded: a gradient with noise, like a photo) and
 posted as raw bytes. Workers 0, 1 and 2 show how far parallel preprocessing moves
-the GIL-bound ceiling; the memory points read the server's peak RSS (VmHWM) after
-10x more clients than slots, with the default slots and with slots that never run
-out (the same server without the bound).
+the GIL-bound ceiling; the overlap points compare one batch's worth of slots (no
+preprocessing while a batch runs) with two; the memory points read the server's
+peak RSS (VmHWM) under 10x more clients than slots, with the default slots and
+with slots that never run out (the same server without the bound).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def run_images(app: str, model_dir: Path, duration_s: int) -> list[ImagePoint]:
             preprocess_workers=workers,
         )  # fmt: skip
         points.append(_point(app, model, f"workers={workers}", CLIENTS, duration_s, body))
+    # Overlap: with one batch's worth of slots the next batch cannot be preprocessed while
+    # one runs; with two (the default) it can.
+    for slots in (MAX_BATCH, SLOTS):
+        model = ModelConfig(
+            "classifier", path, max_batch_size=MAX_BATCH, servable="classifier", slots=slots
+        )
+        points.append(_point(app, model, f"overlap slots={slots}", CLIENTS, duration_s, body))
     for slots in (SLOTS, UNBOUNDED_SLOTS):
         model = ModelConfig(
             "classifier", path, max_batch_size=MAX_BATCH, servable="classifier", slots=slots,

@@ -175,6 +175,13 @@ def render_images(points: Sequence[ImagePoint]) -> str:
     w0, w2 = by.get("workers=0"), by.get("workers=2")
     if w0 and w2 and w0.req_per_s:
         lines.append(f"preprocess_workers 2 / 0: {w2.req_per_s / w0.req_per_s:.2f}x req/s")
+    overlap = [p for p in points if p.setup.startswith("overlap ")]
+    if len(overlap) == 2 and overlap[0].req_per_s:
+        one, two = overlap
+        lines.append(
+            f"2 x max batch slots / 1 x (preprocessing overlapping the running batch): "
+            f"{two.req_per_s / one.req_per_s:.2f}x req/s"
+        )
     slot_points = [p for p in points if p.setup.startswith("slots=")]
     if len(slot_points) == 2:
         low, high = slot_points
