@@ -199,6 +199,9 @@ class ServedModel:
     async def _slot_for(self, ticket: Ticket) -> Slot:
         """A data slot for ``ticket``; waiting ends with its error if its deadline passes
         or its client leaves first."""
+        slot = self.slots.try_acquire()
+        if slot is not None:
+            return slot
         try:
             return await self.slots.acquire(abandon=ticket.future)
         except asyncio.CancelledError:

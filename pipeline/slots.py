@@ -67,6 +67,10 @@ class SlotPool:
             for spec in specs:
                 shape = (count, *(int(d) for d in spec.item_shape if d is not None))
                 self.arenas[spec.name] = self._arena(spec, shape, shared)
+        # Each slot is made once, with its views of the arenas: taking one is a popleft.
+        self._slots = [
+            Slot(i, {name: arena[i] for name, arena in self.arenas.items()}) for i in range(count)
+        ]
         self._free: deque[int] = deque(range(count))
         self._waiters: deque[asyncio.Future[int]] = deque()
         self._closed = False
@@ -90,6 +94,21 @@ class SlotPool:
     def waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.done())
 
+    def try_acquire(self) -> Slot | None:
+        """A free slot at once if nobody is waiting for one (the hot path), else None."""
+        waiters = self._waiters
+        while waiters and waiters[0].done():  # cancelled waiters at the front
+            waiters.popleft()
+        if not self._free or waiters or self._closed:
+            return None
+        return self._take(self._free.popleft())
+
+    def _take(self, index: int) -> Slot:
+        slot = self._slots[index]
+        slot.released = False
+        self.high_water = max(self.high_water, self.count - len(self._free))
+        return slot
+
     async def acquire(self, abandon: asyncio.Future[Any] | None = None) -> Slot:
         """A free slot, or wait for one in arrival order. If ``abandon`` (the request's
         own future) completes first, the wait ends with CancelledError."""
@@ -111,8 +130,7 @@ class SlotPool:
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._give(waiter.result())  # handed a slot as we were cancelled
                 raise
-        self.high_water = max(self.high_water, self.in_use)
-        return Slot(index, {name: arena[index] for name, arena in self.arenas.items()})
+        return self._take(index)
 
     def hold(self, slot: Slot, inputs: Arrays) -> None:
         """Put a request's preprocessed inputs in its slot (no-op for the shared path,
@@ -141,7 +159,7 @@ class SlotPool:
             return
         slot.released = True
         if not self.fixed:
-            slot.inputs = {}
+            slot.inputs = {}  # the request's own arrays go with it
         self._give(slot.index)
 
     def _give(self, index: int) -> None:
@@ -159,6 +177,8 @@ class SlotPool:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ShuttingDown(f"model {self.model} is shutting down"))
+        for slot in self._slots:
+            slot.inputs = {}  # views into the arenas: shared memory cannot close under them
         self.arenas.clear()
         for memory in self._shm:
             memory.close()
