@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-MODELS := repository/classifier/1/model.onnx repository/mlp/1/model.onnx repository/tiny/1/model.onnx
+MODELS := repository/classifier/1/model.onnx repository/mlp/1/model.onnx repository/tiny/1/model.onnx \
+	repository/detector/1/model.onnx
 
 .PHONY: serve test check lint types bench models install clean
 

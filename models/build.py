@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.servable import servable_module
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "repository"
-DEFAULT_NAMES = ("classifier", "mlp", "tiny")
+DEFAULT_NAMES = ("classifier", "mlp", "tiny", "detector")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ owns every resource; ``lifespan_of`` lets a parent app that mounts it run it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -17,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -30,15 +32,18 @@ from pipeline.asgi import (
     first_file,
     json_response,
     read_body,
+    send_body,
     send_json,
     timeout_param,
 )
+from pipeline.batcher import Arrival
 from pipeline.clock import Clock
-from pipeline.errors import LoopserveError
-from pipeline.model import RunnerFactory
+from pipeline.errors import ClientGone, LoopserveError
+from pipeline.model import RunnerFactory, ServedModel
 from pipeline.runtime import OnnxRunner
 from pipeline.service import Service
 from pipeline.settings import ServerSettings, load_settings
+from pipeline.tiled import TileOptions, detect, render_png
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +156,9 @@ class _Predict:
         except BaseException:
             arrival.done()
             raise
+        if model.tiled:
+            await self._tiled(model, scope, receive, send, body, content_type, deadline, arrival)
+            return
         watch = self.watches.watch(receive)
         try:
             await model.predict(
@@ -158,6 +166,47 @@ class _Predict:
             )
         finally:
             watch.close()
+
+    async def _tiled(
+        self,
+        model: ServedModel,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: bytes,
+        content_type: str,
+        deadline: float,
+        arrival: Arrival,
+    ) -> None:
+        """A detector on an image of any size: tiles through the batcher, merged."""
+        try:
+            try:
+                options = TileOptions.from_query(QueryParams(scope["query_string"]))
+                model.check_content_type(content_type)
+                model.servable.parse(body, content_type)  # header checks before any decode
+            finally:
+                arrival.done()  # its tiles are sub-requests of their own
+            watch = self.watches.watch(receive)
+            work = asyncio.ensure_future(detect(model, body, options, deadline))
+            watch.on_gone = work.cancel
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                if watch.closed or not work.cancelled():
+                    raise
+                raise ClientGone(
+                    "the client disconnected; its remaining tiles were cancelled"
+                ) from None
+            finally:
+                watch.close()
+                work.cancel()
+        except LoopserveError as exc:
+            model.metrics.reject(exc.reason)
+            raise
+        if options.render:
+            await send_body(send, await asyncio.to_thread(render_png, result), b"image/png")
+        else:
+            await send_json(send, result.as_json())
 
 
 async def _loopserve_error(_request: Request, exc: Exception) -> Response:

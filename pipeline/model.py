@@ -23,7 +23,7 @@ from pipeline.clock import Clock
 from pipeline.errors import BadRequest, ClientGone, LoopserveError, UnsupportedMediaType
 from pipeline.metrics import ModelMetrics
 from pipeline.runtime import Arrays, Instance, OnnxRunner, Runner
-from pipeline.servable import Servable, create_servable
+from pipeline.servable import Servable, create_servable, is_tiled
 from pipeline.settings import ModelSettings
 from pipeline.slots import Slot, SlotPool
 
@@ -63,6 +63,7 @@ class ServedModel:
         self.providers = tuple(runners[0].providers)
         self.metrics = metrics
         self.content_types = frozenset(settings.content_types) or servable.content_types
+        self.tiled = is_tiled(servable)  # a detector: /predict tiles images of any size
         self._clock = clock
         self.slots = SlotPool(
             settings.name,
@@ -166,7 +167,7 @@ class ServedModel:
         slot: Slot | None = None
         try:
             try:
-                self._check_content_type(content_type)
+                self.check_content_type(content_type)
                 parsed = self.servable.parse(body, content_type)
                 ticket = self.batcher.admit(deadline, priority)
                 if watch is not None:
@@ -195,6 +196,27 @@ class ServedModel:
                 self.slots.release(slot)
         self.metrics.observe_latency(self._clock.now() - started)
         return result
+
+    async def sub_request(
+        self, make_inputs: Callable[[], Arrays], deadline: float, priority: int = 0
+    ) -> Arrays:
+        """One item that a request makes up itself (a tile of a big image): admitted,
+        given a slot, its inputs made in a thread right into the slot, batched with
+        everyone else's. Cancelling the caller drops it from the queue."""
+        ticket = self.batcher.admit(deadline, priority)
+        slot: Slot | None = None
+        try:
+            try:
+                slot = await self._slot_for(ticket)
+                self.slots.hold(slot, await asyncio.to_thread(make_inputs))
+                self.batcher.enqueue(ticket, slot.inputs)
+            except BaseException:
+                ticket.future.cancel()  # never queued: release the admission
+                raise
+            return await ticket.future
+        finally:
+            if slot is not None:
+                self.slots.release(slot)
 
     async def _slot_for(self, ticket: Ticket) -> Slot:
         """A data slot for ``ticket``; waiting ends with its error if its deadline passes
@@ -260,7 +282,7 @@ class ServedModel:
     def _free(self, slot: Slot, _future: object) -> None:
         self.slots.release(slot)
 
-    def _check_content_type(self, content_type: str) -> None:
+    def check_content_type(self, content_type: str) -> None:
         if content_type not in self.content_types:
             accepted = ", ".join(sorted(t for t in self.content_types if t))
             raise UnsupportedMediaType(

@@ -14,9 +14,12 @@ dimension; items whose shapes the model cannot take are refused in ``parse``.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
+
+import numpy as np
 
 from pipeline.runtime import Arrays
 from pipeline.settings import ModelSettings
@@ -36,6 +39,23 @@ class Servable(Protocol[P]):
     def postprocess(self, outputs: Arrays) -> object: ...
 
     def describe(self) -> dict[str, object]: ...
+
+
+class TiledServable(Protocol):
+    """A detector for images of any size (see pipeline.tiled): the whole image is decoded
+    once, each tile becomes a model input, each tile's outputs become boxes."""
+
+    def decode(self, body: bytes) -> np.ndarray: ...
+
+    def tile_input(self, tile: np.ndarray) -> Arrays: ...
+
+    def detections(
+        self, outputs: Mapping[str, np.ndarray], score_threshold: float
+    ) -> list[tuple[float, float, float, float, float, str]]: ...
+
+
+def is_tiled(servable: object) -> bool:
+    return all(callable(getattr(servable, m, None)) for m in ("decode", "tile_input", "detections"))
 
 
 class ServableModule(Protocol):

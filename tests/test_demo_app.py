@@ -83,7 +83,7 @@ async def test_raw_tensors_round_trip_through_the_real_models(client: httpx.Asyn
     assert response.status_code == 200
     assert np.asarray(response.json()["outputs"]["y"]).shape == (64,)
     models = (await client.get("/models")).json()["models"]
-    assert [m["name"] for m in models] == ["classifier", "mlp", "tiny"]
+    assert [m["name"] for m in models] == ["classifier", "detector", "mlp", "tiny"]
     assert models[0]["api"]["weights"].startswith("synthetic")
 
 
