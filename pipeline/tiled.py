@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.errors import BadRequest
+from pipeline.errors import BadRequest, LoopserveError, ModelError
 from pipeline.model import ServedModel
 from pipeline.runtime import Arrays
 from pipeline.servable import TiledServable
@@ -34,6 +35,8 @@ from pipeline.tiling import (
     plan_tiles,
     shift,
 )
+
+log = logging.getLogger(__name__)
 
 RENDER_MAX_PX = 2048  # a rendered answer is scaled down to at most this side
 
@@ -162,10 +165,14 @@ async def detect(
             dx, dy = (0.0, 0.0) if job is None else (float(job.x), float(job.y))
             found.extend(shift([Detection(*b) for b in boxes], dx, dy, scale))
 
-    async with asyncio.TaskGroup() as group:  # one failure cancels the rest
-        for _ in range(min(in_flight, len(jobs))):
-            group.create_task(worker())
-    merged = merge(
+    try:
+        async with asyncio.TaskGroup() as group:  # one failure cancels the rest
+            for _ in range(min(in_flight, len(jobs))):
+                group.create_task(worker())
+    except BaseExceptionGroup as failed:
+        raise _first_cause(failed, model.name) from None
+    merged = await asyncio.to_thread(
+        merge,
         found,
         strategy=options.strategy,
         metric=options.metric,
@@ -173,6 +180,25 @@ async def detect(
         class_agnostic=options.class_agnostic,
     )
     return TiledResult(merged, len(jobs), width, height, image if options.render else None)
+
+
+def _first_cause(failed: BaseExceptionGroup[BaseException], model: str) -> BaseException:
+    """What to answer when tiles failed: the client's own error (a deadline, a departure)
+    as it is; anything else is the model's failure, logged, answered without internals."""
+    causes = list(_leaves(failed))
+    for cause in causes:
+        if isinstance(cause, LoopserveError):
+            return cause
+    log.error("model %s: a tile failed", model, exc_info=causes[0])
+    return ModelError(f"model {model} failed on a tile of this image; the request was stopped")
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 def _cut(image: np.ndarray, tile: Tile | None, side: int) -> np.ndarray:

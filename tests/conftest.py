@@ -14,7 +14,7 @@ def anyio_backend() -> tuple[str, dict[str, bool]]:
 
 @pytest.fixture(autouse=True)
 def no_blocking_on_the_loop(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Fails a test if the event loop was blocked while it ran."""
+    """Fails a test if the event loop was blocked while it ran (in debug mode)."""
     yield
     slow = [
         r.getMessage()

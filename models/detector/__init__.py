@@ -153,6 +153,11 @@ def create(signature: Signature, settings: ModelSettings) -> Detector:
     """Serve a detector with one float32 (3, 640, 640) input and ``scores`` and ``sizes``
     outputs of item shape (classes, 160, 160)."""
     where = f"models.{settings.name}.path"
+    # Pillow's own decompression-bomb guard is process-wide and fixed (89 Mpx warns,
+    # 179 Mpx refuses: a 20000 x 20000 scene is 400 Mpx). Every loopserve image servable
+    # checks its own, configurable `max_image_pixels` from the header before decoding,
+    # so the global guard only gets in the way.
+    Image.MAX_IMAGE_PIXELS = None
     want_image = (3, TILE, TILE)
     if len(signature.inputs) != 1:
         raise SettingsError(f"{where}: a detector takes one input, got {len(signature.inputs)}")
