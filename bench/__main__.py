@@ -1,7 +1,7 @@
 """``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
 
-Sections run one after another in a fixed order (overhead, bare, ceiling, server, v2, spin, images);
-each bounds its own time. Missing prerequisites stop the run with a message
+Sections run one after another in a fixed order (overhead, bare, ceiling, server,
+v2, spin, images, tiles); each bounds its own time. Missing prerequisites stop the run with a message
 that says what to do; missed targets do not.
 """
 
@@ -18,9 +18,10 @@ from bench.images import ImagePoint, run_images
 from bench.overhead import Overhead, run_overhead
 from bench.servers import REPO, ServerError, model_path
 from bench.suite import Point, run_bare, run_server, run_spin, run_v2
+from bench.tiles import TilePoint, run_tiles
 from bench.wrk import WrkError, require_wrk
 
-SECTIONS = ("overhead", "bare", "ceiling", "server", "v2", "spin", "images")
+SECTIONS = ("overhead", "bare", "ceiling", "server", "v2", "spin", "images", "tiles")
 CLIENTS = (1, 16, 64, 256)
 QUICK_CLIENTS = (1, 64)
 CEILING_BATCHES: dict[str, tuple[int, ...]] = {"mlp": (1, 8, 32, 64), "tiny": (1, 64)}
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling: list[CeilingPoint] = []
     overhead: Overhead | None = None
     images: list[ImagePoint] = []
+    tiles: list[TilePoint] = []
     try:
         if "overhead" in args.only:
             print("per-request CPU at the ASGI level (no HTTP), tiny, 64 callers", flush=True)
@@ -118,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if "images" in args.only:
             print(f"server {args.app}: classifier from 1920x1080 JPEGs", flush=True)
             images = run_images(args.app, args.models, duration_s)
+        if "tiles" in args.only:
+            print(f"server {args.app}: detector on 10000x10000 and 20000x20000 scenes", flush=True)
+            tiles = run_tiles(args.app, args.models, big=not args.quick)
     except (WrkError, ServerError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
@@ -142,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(report.render_images(images))
         settings["images"] = [vars(p) for p in images]
+    if tiles:
+        print()
+        print(report.render_tiles(tiles))
+        settings["tiles"] = [vars(p) | {"tiles_per_s": p.tiles_per_s} for p in tiles]
     report.write_json(args.out, settings, points, ceiling, found)
     print(f"\nresults: {args.out} ({settings['wall_s']} s)")
     return 0

@@ -18,6 +18,7 @@ import onnxruntime as ort
 from bench.ceiling import CeilingPoint
 from bench.images import ImagePoint
 from bench.suite import Point
+from bench.tiles import TilePoint
 
 
 @dataclass(frozen=True)
@@ -189,4 +190,22 @@ def render_images(points: Sequence[ImagePoint]) -> str:
             f"peak RSS under 10x overload: {low.setup} {low.peak_rss_mb:,.0f} MiB, "
             f"{high.setup} {high.peak_rss_mb:,.0f} MiB ({high.peak_rss_mb / low.peak_rss_mb:.2f}x)"
         )
+    return "\n".join(lines)
+
+
+def render_tiles(points: Sequence[TilePoint]) -> str:
+    rows = [
+        [p.setup, f"{p.side}x{p.side}", str(p.tiles), f"{p.seconds:.1f}", f"{p.tiles_per_s:,.1f}",
+         f"{p.peak_rss_mb:,.0f}" if p.peak_rss_mb else "-"]
+        for p in points
+    ]  # fmt: skip
+    table = _table(["detector", "scene", "tiles", "seconds", "tiles/s", "peak RSS MiB"], rows)
+    batched = next((p for p in points if p.setup.startswith("batched") and p.side == 10_000), None)
+    single = next((p for p in points if p.setup.startswith("one at a time")), None)
+    raw = next((p for p in points if p.setup.startswith("raw ORT")), None)
+    lines = [table, ""]
+    if batched and single and single.tiles_per_s:
+        lines.append(f"batched / one at a time: {batched.tiles_per_s / single.tiles_per_s:.2f}x")
+    if batched and raw and raw.tiles_per_s:
+        lines.append(f"batched / raw ORT at batch 8: {batched.tiles_per_s / raw.tiles_per_s:.2f}")
     return "\n".join(lines)
