@@ -1,8 +1,8 @@
 """``python -m bench``: parse the flags, check the prerequisites, run the sections, report.
 
 Sections run one after another in a fixed order (overhead, bare, ceiling, server,
-v2, spin, images, tiles); each bounds its own time. Missing prerequisites stop the run with a message
-that says what to do; missed targets do not.
+v2, spin, images, tiles); each bounds its own time. Missing prerequisites stop the
+run with a message that says what to do; missed targets do not.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def _detector(model_dir: Path, max_batch_size: int) -> str:
     config = ModelConfig("detector", model_path(model_dir, "detector"), servable="detector",
                          max_batch_size=max_batch_size)  # fmt: skip
     text = config_toml([config])
-    return text + "max_image_pixels = 400000000\nmax_body_bytes = 1610612736\n"
+    # One request is a whole scene: its deadline covers every tile.
+    return text + "max_image_pixels = 400000000\nmax_body_bytes = 1610612736\ntimeout_s = 900\n"
 
 
 def _through_server(app: str, config: str, body: bytes, setup: str, side: int) -> TilePoint:
