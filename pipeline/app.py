@@ -157,7 +157,11 @@ class _Predict:
             arrival.done()
             raise
         if model.tiled:
-            await self._tiled(model, scope, receive, send, body, content_type, deadline, arrival)
+            # Hand the body over: a whole scene (1.2 GB at 20000x20000) must not stay
+            # referenced here beside its decoded image while the tiles run.
+            held = [body]
+            del body
+            await self._tiled(model, scope, receive, send, held, content_type, deadline, arrival)
             return
         watch = self.watches.watch(receive)
         try:
@@ -173,21 +177,22 @@ class _Predict:
         scope: Scope,
         receive: Receive,
         send: Send,
-        body: bytes,
+        held: list[bytes],
         content_type: str,
         deadline: float,
         arrival: Arrival,
     ) -> None:
-        """A detector on an image of any size: tiles through the batcher, merged."""
+        """A detector on an image of any size: tiles through the batcher, merged.
+        ``held`` is the body, handed over: it is dropped once decoded."""
         try:
             try:
                 options = TileOptions.from_query(QueryParams(scope["query_string"]))
                 model.check_content_type(content_type)
-                model.servable.parse(body, content_type)  # header checks before any decode
+                model.servable.parse(held[0], content_type)  # header checks before any decode
             finally:
                 arrival.done()  # its tiles are sub-requests of their own
             watch = self.watches.watch(receive)
-            work = asyncio.ensure_future(detect(model, body, options, deadline))
+            work = asyncio.ensure_future(detect(model, held, options, deadline))
             watch.on_gone = work.cancel
             try:
                 result = await work

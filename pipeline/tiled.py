@@ -133,11 +133,16 @@ class TiledResult:
 
 
 async def detect(
-    model: ServedModel, body: bytes, options: TileOptions, deadline: float, priority: int = 0
+    model: ServedModel,
+    held: list[bytes],
+    options: TileOptions,
+    deadline: float,
+    priority: int = 0,
 ) -> TiledResult:
-    """Detect over the whole image, tile by tile, through the model's batcher."""
+    """Detect over the whole image, tile by tile, through the model's batcher. ``held``
+    holds the encoded image and is emptied: the body is freed once it is decoded."""
     servable: TiledServable = model.servable  # type: ignore[assignment]
-    image = await asyncio.to_thread(servable.decode, body)
+    image = await asyncio.to_thread(servable.decode, held.pop())
     height, width = int(image.shape[0]), int(image.shape[1])
     side = model.signature.inputs[0].shape[-1] or 640
     tile = options.tile or side
