@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.payload import request_body, v2_body
 from bench.servers import ModelConfig, config_toml, model_path, serve
-from bench.wrk import run_wrk
+from bench.wrk import WrkResult, run_wrk
 
 WARMUP_S = 1
 WARMUP_CLIENTS = 16
@@ -31,6 +31,20 @@ class Point:
     errors: int
     requests: int
 
+    @classmethod
+    def of(cls, result: WrkResult, section: str, setup: str, model: str, clients: int) -> Point:
+        return cls(
+            section=section,
+            setup=setup,
+            model=model,
+            clients=clients,
+            req_per_s=result.ok_per_s,
+            p50_ms=result.p50_ms,
+            p99_ms=result.p99_ms,
+            errors=result.errors,
+            requests=result.requests,
+        )
+
 
 def _load(
     base_url: str,
@@ -47,17 +61,7 @@ def _load(
         body = request_body(model)
         for n in clients:
             result = run_wrk(f"{base_url}/predict/{model}", body, n, duration_s)
-            point = Point(
-                section=section,
-                setup=setup,
-                model=model,
-                clients=n,
-                req_per_s=result.ok_per_s,
-                p50_ms=result.p50_ms,
-                p99_ms=result.p99_ms,
-                errors=result.errors,
-                requests=result.requests,
-            )
+            point = Point.of(result, section, setup, model, n)
             print(
                 f"  {section} {setup} {model} @{n}: {point.req_per_s:,.0f} req/s, "
                 f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms, errors {point.errors}",
@@ -133,19 +137,7 @@ def run_v2(app: str, model_dir: Path, duration_s: int) -> list[Point]:
                 for _ in range(V2_ROUNDS):
                     for setup, (target, body, headers) in routes.items():
                         result = run_wrk(target, body, n, duration_s, headers)
-                        runs[setup].append(
-                            Point(
-                                section="v2",
-                                setup=setup,
-                                model=model,
-                                clients=n,
-                                req_per_s=result.ok_per_s,
-                                p50_ms=result.p50_ms,
-                                p99_ms=result.p99_ms,
-                                errors=result.errors,
-                                requests=result.requests,
-                            )
-                        )
+                        runs[setup].append(Point.of(result, "v2", setup, model, n))
                 for setup, tries in runs.items():
                     point = sorted(tries, key=lambda p: p.req_per_s)[len(tries) // 2]
                     shown = ", ".join(f"{p.req_per_s:,.0f}" for p in tries)

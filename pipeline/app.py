@@ -47,8 +47,6 @@ from pipeline.tiled import TileOptions, detect, render_png
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-
 
 def create_app(
     settings: ServerSettings | None = None,
@@ -143,19 +141,12 @@ class _Predict:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         model = self.service.get(scope["path_params"]["model"])
         arrival = model.arrival()
-        try:
+        with model.intake(arrival):
             length, content_type = body_headers(scope)
             deadline = model.deadline(timeout_param(scope))
             body = await read_body(receive, length, model.settings.max_body_bytes)
             if content_type == "multipart/form-data":
                 content_type, body = await first_file(scope, body, model.settings.max_body_bytes)
-        except LoopserveError as exc:
-            arrival.done()
-            model.metrics.reject(exc.reason)
-            raise
-        except BaseException:
-            arrival.done()
-            raise
         if model.tiled:
             # Hand the body over: a whole scene (1.2 GB at 20000x20000) must not stay
             # referenced here beside its decoded image while the tiles run.

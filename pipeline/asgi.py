@@ -33,7 +33,7 @@ def body_headers(scope: Scope) -> tuple[str | None, str]:
     content_type = ""
     for key, value in scope["headers"]:
         if key == b"content-type":
-            content_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
+            content_type = content_type_of(value.decode("latin-1"))
         elif key == b"content-length":
             length = value.decode("latin-1")
     return length, content_type
@@ -52,6 +52,7 @@ def timeout_param(scope: Scope) -> float | None:
 
 
 def content_type_of(header: str) -> str:
+    """The bare media type: lower case, without parameters such as charset."""
     return header.split(";", 1)[0].strip().lower()
 
 

@@ -41,6 +41,26 @@ class Watch(Protocol):
     on_gone: Callable[[], object] | None
 
 
+class Intake:
+    """Around reading and checking a request, before the model takes it over: if that
+    fails, the request is no longer on its way, and a refusal is counted."""
+
+    __slots__ = ("_arrival", "_metrics")
+
+    def __init__(self, arrival: Arrival, metrics: ModelMetrics) -> None:
+        self._arrival = arrival
+        self._metrics = metrics
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        if error is not None:
+            self._arrival.done()
+            if isinstance(error, LoopserveError):
+                self._metrics.reject(error.reason)
+
+
 def _fail_all(tickets: list[Ticket]) -> None:
     gone = ClientGone("the client disconnected")
     for ticket in tickets:
@@ -141,6 +161,9 @@ class ServedModel:
     def arrival(self) -> Arrival:
         """Call when a request for this model starts; the batcher will wait for it."""
         return self.batcher.arrival()
+
+    def intake(self, arrival: Arrival) -> Intake:
+        return Intake(arrival, self.metrics)
 
     def deadline(self, timeout_s: float | None) -> float:
         """The request's deadline: the configured timeout, or less if the client asks."""

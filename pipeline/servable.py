@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
@@ -56,10 +55,6 @@ class TiledServable(Protocol):
 
 def is_tiled(servable: object) -> bool:
     return all(callable(getattr(servable, m, None)) for m in ("decode", "tile_input", "detections"))
-
-
-class ServableModule(Protocol):
-    def build(self, path: Path) -> None: ...
 
 
 def servable_module(name: str) -> ModuleType:

@@ -53,12 +53,6 @@ class Signature:
     def batchable(self) -> bool:
         return all(spec.shape and spec.shape[0] is None for spec in self.inputs)
 
-    def input(self, name: str) -> TensorSpec | None:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        return None
-
     def describe(self) -> dict[str, object]:
         return {
             "inputs": [s.describe() for s in self.inputs],

@@ -68,7 +68,7 @@ class _Infer:
         params = scope["path_params"]
         model = self.service.get(params["name"], params.get("version"))
         arrival = model.arrival()
-        try:
+        with model.intake(arrival):
             body = await read_body(
                 receive, header(scope, b"content-length"), model.settings.max_body_bytes
             )
@@ -77,13 +77,6 @@ class _Infer:
             priority = _priority(request.parameters, model.settings.priority_levels)
             raw = isinstance(model.servable, RawTensors)
             items = _items(model, request) if raw else []
-        except LoopserveError as exc:
-            arrival.done()
-            model.metrics.reject(exc.reason)
-            raise
-        except BaseException:
-            arrival.done()
-            raise
         watch = self.watches.watch(receive)
         try:
             if raw:

@@ -113,3 +113,13 @@ def fake_factory(
         return runner
 
     return factory, made
+
+
+def post_scope(path: str, content_type: str) -> dict[str, object]:
+    """The ASGI scope of a POST from 127.0.0.1, for tests that drive an app by hand."""
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        "headers": [(b"content-type", content_type.encode())],
+    }  # fmt: skip

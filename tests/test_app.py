@@ -16,7 +16,7 @@ from starlette.routing import Mount
 
 from pipeline.app import create_app, lifespan_of
 from pipeline.settings import ModelSettings, ServerSettings
-from tests.fakes import POISON, FakeClock, FakeRunner, fake_factory
+from tests.fakes import POISON, FakeClock, FakeRunner, fake_factory, post_scope
 
 pytestmark = pytest.mark.anyio
 
@@ -308,12 +308,7 @@ async def test_a_client_that_leaves_while_queued_never_costs_compute() -> None:
         async def send(message: dict[str, object]) -> None:
             sent.append(message)
 
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/predict/fake", "raw_path": b"/predict/fake",
-            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json")],
-        }  # fmt: skip
+        scope = post_scope("/predict/fake", "application/json")
         call = asyncio.ensure_future(app(scope, receive, send))
         for _ in range(50):
             await asyncio.sleep(0)

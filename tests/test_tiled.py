@@ -19,6 +19,7 @@ from models.detector import Detector
 from models.detector.scenes import Box, Scene, generate, seams
 from pipeline.app import create_app, lifespan_of
 from pipeline.settings import DEMO_CONFIG, ModelSettings, ServerSettings
+from tests.fakes import post_scope
 
 pytestmark = pytest.mark.anyio
 
@@ -289,12 +290,7 @@ async def test_a_client_that_leaves_cancels_its_remaining_tiles(
     async def send(message: dict[str, object]) -> None:
         replies.append(message)
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/predict/detector", "raw_path": b"/predict/detector",
-        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"image/tiff")],
-    }  # fmt: skip
+    scope = post_scope("/predict/detector", "image/tiff")
     call = asyncio.ensure_future(app(scope, receive, send))
     for _ in range(1_000_000):  # yield until tiles are being answered (bounded)
         if ran >= 3 or call.done():
